@@ -1,0 +1,1 @@
+"""derl_jax: Differentiable Evolutionary RL for automatic reward discovery."""
