@@ -1,0 +1,1 @@
+"""Atomic reward primitives: see `primitives.registry`."""
