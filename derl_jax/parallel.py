@@ -1,0 +1,262 @@
+"""Device mesh, shardings and multi-host start-up.
+
+The mesh has three axes:
+
+* ``cand``  — reward candidates (the stacked `ProgramBatch` axis K): each slice of devices
+  trains its own inner policies;
+* ``data``  — the batch of prompts/rollouts inside one inner loop;
+* ``model`` — tensor parallelism of the policy's weights (MLP hidden, heads, vocab).
+
+One device means every axis has size 1 and the same code runs unchanged. Axes use
+`AxisType.Auto`, so jitted functions take shardings through `in_shardings`/`out_shardings`
+and XLA propagates them inside.
+
+Multi-host: call `maybe_initialize_distributed()` first thing in the entry point; it calls
+`jax.distributed.initialize()` only when the environment describes a multi-process job:
+
+* ``DERL_DISTRIBUTED=1`` forces it (cluster auto-detection by JAX), ``=0`` forbids it;
+* ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0) with ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` — explicit set-up on any cluster;
+* Slurm (``SLURM_JOB_ID`` and ``SLURM_NTASKS`` > 1), Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1),
+  multi-host Cloud TPU (``TPU_WORKER_HOSTNAMES``/``TPU_PROCESS_ADDRESSES`` naming more than
+  one host, or ``MEGASCALE_COORDINATOR_ADDRESS``) — environments JAX detects by itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("cand", "data", "model")
+CAND_AXIS, DATA_AXIS, MODEL_AXIS = MESH_AXES
+
+# Logical axis name (as annotated on nnx parameters) -> mesh axis, or None to replicate.
+DEFAULT_LOGICAL_RULES: dict[str, str | None] = {
+    "embed": None,
+    "vocab": MODEL_AXIS,
+    "mlp": MODEL_AXIS,
+    "heads": MODEL_AXIS,
+    "q_heads": MODEL_AXIS,
+    "kv_heads": MODEL_AXIS,
+    "kv": None,
+    "head_dim": None,
+    "norm": None,
+    "layers": None,
+    "batch": DATA_AXIS,
+    "length": None,
+    "candidates": CAND_AXIS,
+}
+
+_SHARDING_METADATA_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+# --------------------------------------------------------------------------- mesh
+
+
+def mesh_shape(cand: int, data: int, model: int, num_devices: int) -> tuple[int, int, int]:
+    """Resolve at most one `-1` ("fill") size so that cand * data * model == num_devices."""
+    sizes = {"cand": cand, "data": data, "model": model}
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or (size < 1 and size != -1):
+            raise ValueError(f"make_mesh: {name} must be a positive int or -1 (fill), got {size!r}")
+    fill = [name for name, size in sizes.items() if size == -1]
+    if len(fill) > 1:
+        raise ValueError(f"make_mesh: only one axis may be -1 (fill), got {sizes}")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if fill:
+        if num_devices % fixed:
+            raise ValueError(
+                f"make_mesh: {num_devices} devices cannot be split into {sizes} "
+                f"({num_devices} is not a multiple of {fixed})"
+            )
+        sizes[fill[0]] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ValueError(
+            f"make_mesh: cand*data*model = {cand}*{data}*{model} = {fixed}, but there are {num_devices} devices"
+        )
+    return sizes["cand"], sizes["data"], sizes["model"]
+
+
+def make_mesh(cand: int = 1, data: int = 1, model: int = -1, devices: Sequence[Any] | None = None) -> Mesh:
+    """A `Mesh` with axes ('cand', 'data', 'model') over `devices` (all devices by default).
+
+    One size may be -1 to take whatever the others leave. With `devices=None` the device
+    order comes from `jax.make_mesh` (topology aware); given devices are used in order.
+    """
+    device_list = list(jax.devices() if devices is None else devices)
+    if not device_list:
+        raise ValueError("make_mesh: no devices given")
+    shape = mesh_shape(cand, data, model, len(device_list))
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    if devices is None:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types)
+    return Mesh(np.asarray(device_list, dtype=object).reshape(shape), MESH_AXES, axis_types=axis_types)
+
+
+# --------------------------------------------------------------------------- multi-host
+
+
+def distributed_requested(env: Mapping[str, str]) -> bool:
+    """Whether `env` (an environment mapping) describes a multi-process JAX job; see module doc."""
+    forced = env.get("DERL_DISTRIBUTED", "").strip().lower()
+    if forced in ("0", "false", "no", "off"):
+        return False
+    if forced in ("1", "true", "yes", "on"):
+        return True
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        return True
+    if env.get("SLURM_JOB_ID") and _int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS"))) > 1:
+        return True
+    if _int(env.get("OMPI_COMM_WORLD_SIZE")) > 1:
+        return True
+    tpu_hosts = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES") or ""
+    if len([h for h in tpu_hosts.split(",") if h.strip()]) > 1:
+        return True
+    return bool(env.get("MEGASCALE_COORDINATOR_ADDRESS"))
+
+
+def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
+    """Call `jax.distributed.initialize()` when the environment asks for it; True if it did.
+
+    Must run before anything touches a device. Idempotent: returns False when JAX's
+    distributed runtime is already up.
+    """
+    env = os.environ if env is None else env
+    if jax.distributed.is_initialized() or not distributed_requested(env):
+        return False
+    kwargs = {}
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        kwargs["coordinator_address"] = env["JAX_COORDINATOR_ADDRESS"]
+    for key, arg in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
+        if env.get(key):
+            try:
+                kwargs[arg] = int(env[key])
+            except ValueError:
+                raise ValueError(f"maybe_initialize_distributed: {key} must be an int, got {env[key]!r}") from None
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        return 0
+
+
+# --------------------------------------------------------------------------- shardings
+
+
+def candidate_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Leading axis over 'cand', the rest replicated: for `[K, ...]` candidate-stacked arrays."""
+    _check_ndim(ndim, "candidate_sharding")
+    return NamedSharding(mesh, PartitionSpec(CAND_AXIS, *([None] * (ndim - 1))))
+
+
+def data_sharding(mesh: Mesh, ndim: int, axis: int = 0) -> NamedSharding:
+    """Dimension `axis` over 'data', the rest replicated: for batches of prompts/rollouts."""
+    _check_ndim(ndim, "data_sharding")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"data_sharding: axis {axis} out of range for ndim {ndim}")
+    spec = [None] * ndim
+    spec[axis % ndim] = DATA_AXIS
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device holds the whole array."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def shard_candidates(tree: Any, mesh: Mesh) -> Any:
+    """`jax.device_put` every leaf of `tree` with its leading (candidate) axis over 'cand'.
+
+    Every leaf needs ndim >= 1 and a leading size divisible by the 'cand' axis size. In a
+    multi-host run every process must pass the same values.
+    """
+    cand_size = mesh.shape[CAND_AXIS]
+
+    def put(path, leaf):
+        shape = np.shape(leaf)
+        where = f"shard_candidates: leaf {jax.tree_util.keystr(path) or '<root>'}"
+        if len(shape) == 0:
+            raise ValueError(f"{where} is a scalar; it needs a leading candidate axis")
+        if shape[0] % cand_size:
+            raise ValueError(f"{where} has {shape[0]} candidates, not divisible by the 'cand' axis size {cand_size}")
+        return jax.device_put(leaf, candidate_sharding(mesh, len(shape)))
+
+    return jax.tree_util.tree_map_with_path(put, tree)
+
+
+def logical_to_mesh(spec: Sequence[str | None] | None, rules: Mapping[str, str | None] | None = None) -> PartitionSpec:
+    """Translate logical axis names (('embed', 'mlp')) into a mesh `PartitionSpec` (P(None, 'model')).
+
+    Names missing from `rules` are replicated. A mesh axis is used at most once per spec
+    (the first dimension that asks for it gets it; later ones are replicated).
+    """
+    rules = DEFAULT_LOGICAL_RULES if rules is None else rules
+    if spec is None:
+        return PartitionSpec()
+    used: set[str] = set()
+    mesh_axes: list[str | None] = []
+    for name in spec:
+        axis = rules.get(name) if isinstance(name, str) else None
+        if axis is not None and axis in used:
+            axis = None
+        if axis is not None:
+            used.add(axis)
+        mesh_axes.append(axis)
+    return PartitionSpec(*mesh_axes)
+
+
+def param_sharding(params: Any, mesh: Mesh, rules: Mapping[str, str | None] | None = None) -> Any:
+    """Shardings for a parameter pytree, same structure as `params`.
+
+    `params` is an `nnx.State` (from `nnx.split`) or any pytree of arrays. A `nnx.Variable`
+    whose metadata names logical axes (`nnx.with_partitioning`, `sharding=`/`out_sharding=`)
+    is sharded by `logical_to_mesh`; everything else is replicated. A dimension that the
+    mesh axis size does not divide (e.g. 2 KV heads on a 4-way 'model' axis) is replicated.
+    Use the result as `jax.jit` in/out shardings or with `jax.device_put(params, shardings)`.
+    """
+    from flax import nnx
+
+    def for_leaf(leaf):
+        if not isinstance(leaf, nnx.Variable):
+            return replicated(mesh)
+        logical_axes = _logical_axes(leaf)
+        if logical_axes is None:
+            return leaf.replace(replicated(mesh))
+        spec = fit_spec_to_shape(logical_to_mesh(logical_axes, rules), np.shape(leaf.get_value()), mesh)
+        return leaf.replace(NamedSharding(mesh, spec))
+
+    return jax.tree.map(for_leaf, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def fit_spec_to_shape(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    """`spec` padded/cut to `len(shape)` dims, replicating dims the mesh axis does not divide."""
+    entries = list(spec)[: len(shape)] + [None] * max(0, len(shape) - len(spec))
+    fitted = []
+    for size, axis in zip(shape, entries):
+        axes = (axis,) if isinstance(axis, str) else tuple(axis or ())
+        ways = math.prod(mesh.shape[a] for a in axes)
+        fitted.append(axis if axes and size % ways == 0 else None)
+    return PartitionSpec(*fitted)
+
+
+def _logical_axes(variable) -> tuple | None:
+    metadata = variable.get_metadata()
+    for key in _SHARDING_METADATA_KEYS:
+        names = metadata.get(key)
+        if names:
+            return tuple(names)
+    return None
+
+
+def _check_ndim(ndim: int, where: str) -> None:
+    if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)) or ndim < 1:
+        raise ValueError(f"{where}: ndim must be an int >= 1, got {ndim!r}")

@@ -1,0 +1,138 @@
+"""Device primitives of the arithmetic domain (`derl_jax.domains.arith`).
+
+Each is `fn(rollout, context) -> f32[N]` over token arrays:
+  rollout: tokens i32[N, T] (generated tokens), mask bool[N, T] (a prefix, True up to and
+           including EOS when one was generated);
+  context: answer i32[N, A] (gold answer digits as token ids, pad-filled), answer_len i32[N].
+
+The *output* of a rollout is its masked prefix before the first EOS. Pad or BOS tokens
+generated inside it are ordinary non-alphabet symbols: they are neither digits nor markers.
+Text-level definitions (s = the output as text):
+  correct        the final box holds exactly the gold answer: take the last `]` in s and the
+                 last `[` before it; the characters between them equal the gold digits
+                 (leading zeros count as different). Trailing text after the box is allowed.
+  boxed          s ends with `[` one-or-more digits `]` and EOS was generated right after it.
+  steps          s contains the step marker `1:` not preceded by a digit (so `11:` is no marker).
+  gold_anywhere  the gold digits occur in s as a whole number: neither the character before
+                 nor the one after the occurrence is a digit (the output's ends count as
+                 non-digits, so a truncated output ending in the gold digits counts).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from derl_jax.domains.arith import ARITH_PRIMITIVES, BOX_CLOSE, BOX_OPEN, STEP_MARK, arith_tokenizer
+from primitives.registry import primitive
+
+__all__ = ["ARITH_PRIMITIVES", "correct", "boxed", "steps", "gold_anywhere"]
+
+_TOKENIZER = arith_tokenizer()
+EOS_ID = _TOKENIZER.eos_id
+DIGIT_IDS = np.array([_TOKENIZER.id_of(d) for d in "0123456789"], np.int32)  # NumPy: no device work at import
+ONE_ID = _TOKENIZER.id_of("1")
+STEP_MARK_ID = _TOKENIZER.id_of(STEP_MARK)
+BOX_OPEN_ID = _TOKENIZER.id_of(BOX_OPEN)
+BOX_CLOSE_ID = _TOKENIZER.id_of(BOX_CLOSE)
+
+
+def _output(rollout: Mapping[str, jax.Array]):
+    """(tokens i32[N, T], in_output bool[N, T], output_len i32[N], ended bool[N]).
+
+    in_output marks the masked prefix before the first EOS; ended says an EOS was generated.
+    """
+    tokens = jnp.asarray(rollout["tokens"], jnp.int32)
+    mask = jnp.asarray(rollout["mask"], bool)
+    positions = jnp.arange(tokens.shape[-1])
+    masked_len = jnp.sum(mask, axis=-1)
+    eos_here = (tokens == EOS_ID) & (positions < masked_len[:, None])
+    first_eos = jnp.min(jnp.where(eos_here, positions, tokens.shape[-1]), axis=-1)
+    output_len = jnp.minimum(first_eos, masked_len)
+    in_output = positions < output_len[:, None]
+    return tokens, in_output, output_len, first_eos < masked_len
+
+
+def _is_digit(tokens: jax.Array) -> jax.Array:
+    return jnp.any(tokens[..., None] == DIGIT_IDS, axis=-1)
+
+
+def _last_position(flags: jax.Array) -> jax.Array:
+    """i32[N]: the last index where bool[N, T] flags is True, -1 when none is."""
+    positions = jnp.arange(flags.shape[-1])
+    return jnp.max(jnp.where(flags, positions, -1), axis=-1)
+
+
+def _token_at(tokens: jax.Array, index: jax.Array) -> jax.Array:
+    """tokens[n, index[n]] with the index clipped into range (callers check validity)."""
+    safe = jnp.clip(index, 0, tokens.shape[-1] - 1)
+    return jnp.take_along_axis(tokens, safe[:, None], axis=-1)[:, 0]
+
+
+@primitive("correct", kind="device", domain="arith", aliases=("outcome",))
+def correct(rollout, context):
+    """1 when the final box `[...]` holds exactly the gold answer, else 0."""
+    tokens, in_output, _, _ = _output(rollout)
+    answer = jnp.asarray(context["answer"], jnp.int32)
+    answer_len = jnp.asarray(context["answer_len"], jnp.int32)
+    positions = jnp.arange(tokens.shape[-1])
+    close = _last_position(in_output & (tokens == BOX_CLOSE_ID))
+    open_ = _last_position(in_output & (tokens == BOX_OPEN_ID) & (positions < close[:, None]))
+    offsets = jnp.arange(answer.shape[-1])
+    inside = jnp.take_along_axis(tokens, jnp.clip(open_[:, None] + 1 + offsets, 0, tokens.shape[-1] - 1), axis=-1)
+    digits_match = jnp.all((offsets >= answer_len[:, None]) | (inside == answer), axis=-1)
+    hit = (close >= 0) & (open_ >= 0) & (answer_len >= 1) & (close - open_ - 1 == answer_len) & digits_match
+    return hit.astype(jnp.float32)
+
+
+@primitive("boxed", kind="device", domain="arith", aliases=("format",))
+def boxed(rollout, context):
+    """1 when the output ends with `[digits]` directly followed by EOS, else 0."""
+    del context
+    tokens, in_output, output_len, ended = _output(rollout)
+    positions = jnp.arange(tokens.shape[-1])
+    last = output_len - 1
+    ends_with_close = (output_len >= 1) & (_token_at(tokens, last) == BOX_CLOSE_ID)
+    non_digit = _last_position(in_output & ~_is_digit(tokens) & (positions < last[:, None]))
+    opened = (non_digit >= 0) & (_token_at(tokens, non_digit) == BOX_OPEN_ID)
+    has_digits = last - non_digit >= 2
+    return (ended & ends_with_close & opened & has_digits).astype(jnp.float32)
+
+
+@primitive("steps", kind="device", domain="arith")
+def steps(rollout, context):
+    """1 when the step marker `1:` (not preceded by a digit) appears in the output, else 0."""
+    del context
+    tokens, in_output, _, _ = _output(rollout)
+    pad_column = jnp.zeros_like(tokens[:, :1])
+    next_token = jnp.concatenate([tokens[:, 1:], pad_column], axis=-1)
+    next_in_output = jnp.concatenate([in_output[:, 1:], pad_column.astype(bool)], axis=-1)
+    prev_digit = jnp.concatenate([pad_column.astype(bool), (in_output & _is_digit(tokens))[:, :-1]], axis=-1)
+    marker = in_output & (tokens == ONE_ID) & next_in_output & (next_token == STEP_MARK_ID) & ~prev_digit
+    return jnp.any(marker, axis=-1).astype(jnp.float32)
+
+
+@primitive("gold_anywhere", kind="device", domain="arith")
+def gold_anywhere(rollout, context):
+    """1 when the gold answer appears as a whole number anywhere in the output, else 0."""
+    tokens, in_output, _, _ = _output(rollout)
+    answer = jnp.asarray(context["answer"], jnp.int32)
+    answer_len = jnp.asarray(context["answer_len"], jnp.int32)
+    length = tokens.shape[-1]
+    starts = jnp.arange(length)
+    offsets = jnp.arange(answer.shape[-1])
+    window = jnp.clip(starts[:, None] + offsets[None, :], 0, length - 1)  # [T, A]
+    inside = (starts[:, None] + offsets[None, :]) < length
+    window_tokens = tokens[:, window]  # [N, T, A]
+    window_in_output = in_output[:, window] & inside
+    needed = offsets[None, None, :] < answer_len[:, None, None]
+    char_ok = ~needed | (window_in_output & (window_tokens == answer[:, None, :]))
+    digit_in_output = in_output & _is_digit(tokens)
+    digit_before = jnp.concatenate([jnp.zeros_like(digit_in_output[:, :1]), digit_in_output[:, :-1]], axis=-1)
+    after = starts[None, :] + answer_len[:, None]  # [N, T]
+    digit_after = (after < length) & jnp.take_along_axis(digit_in_output, jnp.clip(after, 0, length - 1), axis=-1)
+    found = jnp.all(char_ok, axis=-1) & ~digit_before & ~digit_after & (answer_len[:, None] >= 1)
+    return jnp.any(found, axis=-1).astype(jnp.float32)

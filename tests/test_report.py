@@ -1,0 +1,164 @@
+"""Result statistics, the comparison table and the two plots."""
+
+import math
+
+import numpy as np
+import pytest
+
+from derl_jax.meta.report import (
+    curve_band,
+    plot_outer_curves,
+    plot_structure_shares,
+    regularized_incomplete_beta,
+    results_table,
+    structure_shares,
+    student_t_cdf,
+    student_t_quantile,
+    summarize,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "df, expected",
+    [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228), (30, 2.042), (120, 1.980)],
+)
+def test_t_quantiles_match_tables(df, expected):
+    assert student_t_quantile(0.975, df) == pytest.approx(expected, abs=5e-4)
+
+
+def test_t_quantile_closed_forms():
+    # df=1 is Cauchy: tan(pi (p - 1/2)); df=2: (2p-1) * sqrt(2 / (4 p (1-p)))
+    for p in (0.6, 0.9, 0.975, 0.995):
+        assert student_t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
+        assert student_t_quantile(p, 2) == pytest.approx((2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p))), rel=1e-9)
+    assert student_t_quantile(0.025, 4) == pytest.approx(-student_t_quantile(0.975, 4))
+    assert student_t_cdf(0.0, 7) == pytest.approx(0.5)
+    # large df tends to the normal quantile 1.959964
+    assert student_t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-5)
+    with pytest.raises(ValueError, match="p must be in"):
+        student_t_quantile(1.0, 3)
+
+
+def test_against_scipy_when_installed():
+    stats = pytest.importorskip("scipy.stats")
+    special = pytest.importorskip("scipy.special")
+    for df in (1, 2, 3, 7, 15, 40, 200):
+        for p in (0.55, 0.8, 0.975, 0.999):
+            assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+    rng = np.random.default_rng(0)
+    for x, a, b in zip(rng.uniform(0, 1, 50), rng.uniform(0.2, 30, 50), rng.uniform(0.2, 30, 50)):
+        assert regularized_incomplete_beta(x, a, b) == pytest.approx(special.betainc(a, b, x), rel=1e-9, abs=1e-14)
+
+
+def test_summarize_matches_numpy():
+    values = [91.0, 88.5, 93.25, 90.0]
+    s = summarize(values)
+    mean, std = np.mean(values), np.std(values, ddof=1)
+    half = 3.182446305284263 * std / 2.0  # t_{0.975, 3} * std / sqrt(4)
+    assert s["n"] == 4 and s["ci_defined"]
+    assert s["mean"] == pytest.approx(mean) and s["std"] == pytest.approx(std)
+    assert s["ci95_low"] == pytest.approx(mean - half) and s["ci95_high"] == pytest.approx(mean + half)
+
+
+def four_seeds_with(mean, std):
+    """Four values whose mean and sample std are exactly `mean` and `std`."""
+    a = std * math.sqrt(3.0 / 4.0)
+    return [mean - a, mean - a, mean + a, mean + a]
+
+
+def test_summarize_reproduces_the_papers_appendix_g_intervals():
+    # ScienceWorld L1 DERL-pop: 95.31 ± 1.28 [93.28, 97.34]; ALFWorld L2 DERL: 65.04 ± 2.64 [60.83, 69.25]
+    for mean, std, low, high in [(95.31, 1.28, 93.28, 97.34), (65.04, 2.64, 60.83, 69.25), (21.09, 3.19, 16.02, 26.17)]:
+        s = summarize(four_seeds_with(mean, std))
+        assert s["std"] == pytest.approx(std)
+        assert s["ci95_low"] == pytest.approx(low, abs=0.011) and s["ci95_high"] == pytest.approx(high, abs=0.011)
+    # the paper caps accuracy at 100: ScienceWorld L0 DERL-pop 98.24 ± 1.61 [95.68, 100.0]
+    capped = summarize(four_seeds_with(98.24, 1.61), clip=(0.0, 100.0))
+    assert capped["ci95_high"] == 100.0 and capped["ci95_low"] == pytest.approx(95.68, abs=0.011)
+
+
+def test_single_seed_and_bad_input():
+    s = summarize([0.7])
+    assert s == {"mean": 0.7, "std": 0.0, "n": 1, "ci95_low": 0.7, "ci95_high": 0.7, "ci_defined": False}
+    with pytest.raises(ValueError, match="no values"):
+        summarize([])
+    with pytest.raises(ValueError, match="must be finite"):
+        summarize([1.0, float("nan")])
+
+
+def test_results_table_numbers_and_order():
+    per_method = {
+        "GRPO + Out.": [76.0, 78.5, 74.25, 77.5],
+        "DERL": [91.0, 88.5, 93.25, 90.0],
+        "Random": [50.0],
+    }
+    markdown, data = results_table(per_method, column="ALFWorld L0")
+    assert list(data) == ["GRPO + Out.", "DERL", "Random"]
+    lines = markdown.strip().splitlines()
+    assert lines[0] == "| method | seeds | ALFWorld L0: mean ± std [95% CI] |"
+    for line, (method, values) in zip(lines[2:5], per_method.items()):
+        mean = np.mean(values)
+        std = np.std(values, ddof=1) if len(values) > 1 else 0.0
+        half = {4: 3.182446305284263, 1: 0.0}[len(values)] * std / math.sqrt(len(values))
+        cell = f"{mean:.2f} ± {std:.2f} [{mean - half:.2f}, {mean + half:.2f}]"
+        assert line == f"| {method} | {len(values)} | {cell}{'*' if len(values) == 1 else ''} |"
+        assert data[method]["mean"] == pytest.approx(mean)
+    assert "single seed" in lines[-1]
+    with pytest.raises(ValueError, match="method 'bad': summarize: no values"):
+        results_table({"bad": []})
+
+
+def test_curve_band_against_numpy_with_missing_values():
+    rng = np.random.default_rng(0)
+    values = rng.uniform(size=(4, 6))
+    mean, std = curve_band(values)
+    np.testing.assert_allclose(mean, values.mean(axis=0))
+    np.testing.assert_allclose(std, values.std(axis=0, ddof=1))
+    values[1, 2] = np.nan
+    values[1:, 5] = np.nan
+    mean, std = curve_band(values)
+    np.testing.assert_allclose(mean[2], np.mean(values[[0, 2, 3], 2]))
+    np.testing.assert_allclose(std[2], np.std(values[[0, 2, 3], 2], ddof=1))
+    assert mean[5] == values[0, 5] and std[5] == 0.0
+    with pytest.raises(ValueError, match="iterations \\[1\\] have no finite value"):
+        curve_band(np.array([[1.0, np.nan]]))
+
+
+def assert_png(path, min_width=200):
+    data = open(path, "rb").read()
+    assert data[:8] == PNG_SIGNATURE
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= min_width and height >= 100
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)
+    assert image.shape[:2] == (height, width) and image.std() > 0  # decodes, not blank
+
+
+def test_plot_outer_curves_writes_png(tmp_path):
+    rng = np.random.default_rng(1)
+    val = np.cumsum(rng.uniform(0, 0.05, size=(4, 10)), axis=1)
+    test = val - 0.02
+    single = plot_outer_curves({"validation": val, "test": test}, tmp_path / "curves.png", title="ALFWorld")
+    assert_png(single)
+    panels = plot_outer_curves(
+        {"GSM8K": {"validation": val, "test": test}, "MATH": {"validation": val[:, :5], "test": test[:, :5]}},
+        tmp_path / "sub" / "panels.png",
+    )
+    assert_png(panels, min_width=800)
+    with pytest.raises(ValueError, match="mix of arrays and panels"):
+        plot_outer_curves({"a": val, "b": {"x": val}}, tmp_path / "bad.png")
+
+
+def test_structure_shares_and_plot(tmp_path):
+    labels = [["unstable", "unstable", "stable", "invalid"], ["stable", "stable", "unstable", "stable"]]
+    shares = structure_shares(labels)
+    np.testing.assert_allclose(shares, [[0.25, 0.5, 0.25], [0.75, 0.25, 0.0]])
+    assert_png(plot_structure_shares(shares, tmp_path / "shares.png"))
+    assert_png(plot_structure_shares(np.array([[3, 1, 0], [1, 1, 2], [4, 0, 0]]), tmp_path / "counts.png"))
+    with pytest.raises(ValueError, match="rows \\[1\\] sum to 0"):
+        plot_structure_shares(np.array([[1, 0, 0], [0, 0, 0]]), tmp_path / "x.png")
+    with pytest.raises(ValueError, match="unknown class 'weird'"):
+        structure_shares([["weird"]])
