@@ -1,0 +1,275 @@
+"""Autoregressive sampling with a static KV cache, logit constraints and teacher forcing.
+
+`sample` runs one prefill forward over the left-padded prompts, then a fixed-length
+`lax.scan` that feeds one token per step through a KV cache of length Tp + max_new_tokens.
+Prompt positions count real tokens only (the first real token is at position 0), and
+padding keys are masked out, so a left-padded row gives the same result as the same prompt
+without padding. A row stops at its first `eos_id`; later tokens are `pad_id` and masked.
+
+`sequence_logprobs` recomputes, in one forward over prompt + completion, the log-probability
+of completion tokens under the model at a given temperature; at temperature 1 it equals
+`SampleOutput.logprobs` (the GRPO importance ratio uses these).
+
+Shapes: B batch, Tp prompt length, T = max_new_tokens generated tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from derl_jax.models.transformer import apply_hidden, apply_logits, config_of, init_cache
+
+
+@runtime_checkable
+class Constraint(Protocol):
+    """A logit mask driven by a per-row state, stepped inside the decode scan (pure jnp).
+
+    init(batch_size) -> state          any pytree with leading axis B (or none)
+    allowed(state) -> bool[B, V]       tokens that may come next; at least one per live row
+    advance(state, tokens i32[B]) -> state
+                                       consume the emitted tokens; rows that have finished
+                                       receive `pad_id`, and their `allowed` is ignored
+
+    To pass through `jax.jit` the constraint object itself must be a pytree (for example a
+    `flax.struct.dataclass` holding its tables as arrays) or be hashable and marked static.
+    """
+
+    def init(self, batch_size: int) -> Any: ...
+
+    def allowed(self, state: Any) -> jax.Array: ...
+
+    def advance(self, state: Any, tokens: jax.Array) -> Any: ...
+
+
+@struct.dataclass
+class AllowedTokens:
+    """A stateless constraint: only the tokens where `mask` (bool[V]) is True may be emitted."""
+
+    mask: jax.Array
+
+    def init(self, batch_size: int) -> jax.Array:
+        return jnp.zeros((batch_size,), jnp.int32)
+
+    def allowed(self, state: jax.Array) -> jax.Array:
+        return jnp.broadcast_to(self.mask, (state.shape[0], self.mask.shape[0]))
+
+    def advance(self, state: jax.Array, tokens: jax.Array) -> jax.Array:
+        return state
+
+
+@struct.dataclass
+class SampleOutput:
+    """Result of `sample`.
+
+    tokens:            i32[B, T]  generated tokens; `pad_id` after a row's EOS.
+    logprobs:          f32[B, T]  log softmax(logits)[token] of the unconstrained model at
+                                  temperature 1 (no top-k, no constraint mask): the policy
+                                  log-prob GRPO needs; equals `sequence_logprobs`. 0 where masked.
+    sampling_logprobs: f32[B, T]  log-prob of the token under the distribution actually used:
+                                  log softmax(filtered_logits / temperature)[token], where
+                                  filtered = constraint mask then top-k. 0 where masked.
+    mask:              bool[B, T] True for generated tokens up to and including EOS.
+    lengths:           i32[B]     number of True entries of `mask` per row.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    sampling_logprobs: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+
+
+def prompt_positions(token_mask: jax.Array) -> jax.Array:
+    """i32[B, T]: rank of each real token among the real tokens of its row (padding gets 0 or the previous rank)."""
+    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def _check_prompts(where: str, prompts: jax.Array, prompt_mask: jax.Array) -> None:
+    if prompts.ndim != 2 or prompts.shape[1] == 0:
+        raise ValueError(f"{where}: prompts must be i32[B, Tp] with Tp >= 1, got shape {prompts.shape}")
+    if prompt_mask.shape != prompts.shape:
+        raise ValueError(
+            f"{where}: prompt_mask shape {prompt_mask.shape} differs from prompts shape {prompts.shape}")
+
+
+def _filter_logits(logits: jax.Array, allowed: jax.Array | None, top_k: int) -> jax.Array:
+    """f32[B, V]: disallowed tokens and tokens outside the top k set to -inf."""
+    if allowed is not None:
+        logits = jnp.where(allowed, logits, -jnp.inf)
+    if top_k > 0:
+        kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits >= kth_largest, logits, -jnp.inf)
+    return logits
+
+
+def _token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """f32[B]: log softmax(logits f32[B, V])[tokens i32[B]]."""
+    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+
+
+def _decode_step(logits, constraint, constraint_state, done, key, *, temperature, top_k, greedy,
+                 eos_id, pad_id):
+    """Choose one token per row from next-token logits f32[B, V] and update the row states.
+
+    Returns (emitted i32[B], logprob f32[B], sampling_logprob f32[B], live bool[B],
+    done bool[B], constraint_state).
+    """
+    allowed = None
+    if constraint is not None:
+        allowed = constraint.allowed(constraint_state) | done[:, None]
+    scaled = _filter_logits(logits, allowed, top_k) / temperature
+    if greedy:
+        token = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    else:
+        token = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    live = ~done
+    emitted = jnp.where(live, token, pad_id).astype(jnp.int32)
+    logprob = jnp.where(live, _token_logprob(logits, token), 0.0)
+    sampling_logprob = jnp.where(live, _token_logprob(scaled, token), 0.0)
+    done = done | (live & (emitted == eos_id))
+    if constraint is not None:
+        constraint_state = constraint.advance(constraint_state, emitted)
+    return emitted, logprob, sampling_logprob, live, done, constraint_state
+
+
+def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
+           key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int,
+           temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
+           constraint: Constraint | None = None) -> SampleOutput:
+    """Generate up to `max_new_tokens` tokens after left-padded `prompts`.
+
+    prompts: i32[B, Tp] (left padded); prompt_mask: bool[B, Tp] True on real tokens.
+    key: PRNG key; step i uses fold_in(key, i), so the same key gives the same output.
+    eos_id: ends a row (any int; one outside the vocabulary never fires). pad_id: fills rows
+    after their EOS and is fed to the model there, so it must be a vocabulary token.
+    temperature: divides the filtered logits before sampling (must be > 0).
+    top_k: keep only the k largest logits (0: all). greedy: argmax instead of sampling.
+    constraint: optional logit mask (see `Constraint`), also applied when greedy.
+    Static under jit: graphdef, max_new_tokens, top_k, greedy (see `sample_jit`).
+    """
+    _check_prompts("sample", prompts, prompt_mask)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"sample: max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"sample: top_k must be a non-negative int, got {top_k!r}")
+    if isinstance(temperature, (int, float)) and not temperature > 0:
+        raise ValueError(f"sample: temperature must be > 0, got {temperature!r}")
+    config = config_of(graphdef, params)
+    if isinstance(pad_id, int) and not 0 <= pad_id < config.vocab_size:
+        raise ValueError(f"sample: pad_id {pad_id} is not a token of the vocabulary [0, {config.vocab_size})")
+    batch, prompt_length = prompts.shape
+    cache_length = prompt_length + max_new_tokens
+    if cache_length > config.max_position:
+        raise ValueError(
+            f"sample: prompt length {prompt_length} + max_new_tokens {max_new_tokens} exceeds the "
+            f"model's max_position {config.max_position}")
+
+    if constraint is not None:
+        allowed = jax.eval_shape(lambda: constraint.allowed(constraint.init(batch)))
+        if allowed.shape != (batch, config.vocab_size):
+            raise ValueError(
+                f"sample: constraint.allowed returned shape {allowed.shape}, expected [B, V] = "
+                f"{(batch, config.vocab_size)}")
+
+    prompt_mask = prompt_mask.astype(bool)
+    key_valid = jnp.concatenate([prompt_mask, jnp.ones((batch, max_new_tokens), bool)], axis=1)
+    key_slots = jnp.arange(cache_length)
+    prefill_mask = key_valid[:, None, :] & (key_slots[None, None, :] <= jnp.arange(prompt_length)[None, :, None])
+    hidden, cache = apply_hidden(graphdef, params, prompts.astype(jnp.int32), prompt_positions(prompt_mask),
+                                 prefill_mask, init_cache(config, batch, cache_length), 0)
+    first_logits = apply_logits(graphdef, params, hidden[:, -1])
+    num_real = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+
+    step = functools.partial(_decode_step, constraint=constraint, temperature=temperature, top_k=top_k,
+                             greedy=greedy, eos_id=eos_id, pad_id=pad_id)
+    constraint_state = constraint.init(batch) if constraint is not None else None
+    first = step(first_logits, constraint_state=constraint_state, done=jnp.zeros((batch,), bool),
+                 key=jax.random.fold_in(key, 0))
+
+    def decode(carry, index):
+        cache, previous, done, constraint_state = carry
+        write_at = prompt_length + index - 1
+        mask = key_valid[:, None, :] & (key_slots <= write_at)[None, None, :]
+        positions = (num_real + index - 1)[:, None]
+        hidden, cache = apply_hidden(graphdef, params, previous[:, None], positions, mask, cache, write_at)
+        logits = apply_logits(graphdef, params, hidden[:, 0])
+        emitted, logprob, sampling_logprob, live, done, constraint_state = step(
+            logits, constraint_state=constraint_state, done=done, key=jax.random.fold_in(key, index))
+        return (cache, emitted, done, constraint_state), (emitted, logprob, sampling_logprob, live)
+
+    emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
+    _, rest = jax.lax.scan(decode, (cache, emitted0, done0, constraint_state),
+                           jnp.arange(1, max_new_tokens, dtype=jnp.int32))
+    columns = [jnp.concatenate([head[:, None], tail.T], axis=1)
+               for head, tail in zip((emitted0, logprob0, sampling_logprob0, live0), rest)]
+    tokens, logprobs, sampling_logprobs, mask = columns
+    return SampleOutput(tokens=tokens, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
+                        mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
+
+
+sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
+"""`sample` under `jax.jit` (graphdef, max_new_tokens, top_k and greedy static)."""
+
+
+def constraint_masks(constraint: Constraint, tokens: jax.Array) -> jax.Array:
+    """bool[B, T, V]: the constraint's allowed set before each of `tokens` (i32[B, T]).
+
+    Replays the constraint over the tokens exactly as `sample` stepped it, so
+    `sequence_logprobs(..., allowed=constraint_masks(constraint, out.tokens))` gives the
+    log-probs of the constrained distribution (`SampleOutput.sampling_logprobs` when no top-k).
+    """
+    def step(state, column):
+        return constraint.advance(state, column), constraint.allowed(state)
+
+    _, masks = jax.lax.scan(step, constraint.init(tokens.shape[0]), tokens.T.astype(jnp.int32))
+    return jnp.swapaxes(masks, 0, 1)
+
+
+_EXCLUDED_LOGIT = -1e30  # finite, so masked entries give 0 * log 0 = 0 with finite gradients
+
+
+def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
+                      prompt_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
+                      temperature: float = 1.0, allowed: jax.Array | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced (logp f32[B, T], entropy f32[B, T]) of `completions` after `prompts`.
+
+    prompts/prompt_mask: as for `sample`; completions: i32[B, T]; completion_mask: bool[B, T]
+    (a prefix of True per row, as `SampleOutput.mask`). logp[b, t] = log softmax(logits /
+    temperature)[completions[b, t]], over the tokens in `allowed` (bool[B, T, V], e.g. from
+    `constraint_masks`) when given; entropy is that distribution's entropy (nats). Both are 0
+    where completion_mask is False. One forward over prompt + completion; differentiable in
+    `params`.
+    """
+    _check_prompts("sequence_logprobs", prompts, prompt_mask)
+    if completions.ndim != 2 or completions.shape[0] != prompts.shape[0]:
+        raise ValueError(
+            f"sequence_logprobs: completions must be [B, T] with B = {prompts.shape[0]}, got {completions.shape}")
+    if completion_mask.shape != completions.shape:
+        raise ValueError(
+            f"sequence_logprobs: completion_mask shape {completion_mask.shape} differs from "
+            f"completions shape {completions.shape}")
+    prompt_length, completion_length = prompts.shape[1], completions.shape[1]
+    tokens = jnp.concatenate([prompts, completions], axis=1).astype(jnp.int32)
+    token_mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
+    total = prompt_length + completion_length
+    causal = jnp.arange(total)[None, :] <= jnp.arange(total)[:, None]
+    attention_mask = token_mask[:, None, :] & causal[None]
+    hidden, _ = apply_hidden(graphdef, params, tokens, prompt_positions(token_mask), attention_mask)
+    predicting = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
+    logits = apply_logits(graphdef, params, predicting) / temperature
+    if allowed is not None:
+        if allowed.shape != logits.shape:
+            raise ValueError(
+                f"sequence_logprobs: allowed must be [B, T, V] = {logits.shape}, got {allowed.shape}")
+        logits = jnp.where(allowed, logits, _EXCLUDED_LOGIT)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(log_probs, completions[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    completion_mask = completion_mask.astype(bool)
+    return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)

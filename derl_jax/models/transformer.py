@@ -1,0 +1,528 @@
+"""Qwen2-family decoder-only transformer in flax.nnx, used functionally.
+
+Architecture (as Hugging Face `Qwen2ForCausalLM`): token embedding; per layer
+RMSNorm -> grouped-query attention (q/k/v projections with bias, output projection without)
+with rotary position embedding (rotate-half convention) -> residual, RMSNorm -> SwiGLU MLP ->
+residual; final RMSNorm; language-model head tied to the embedding or separate.
+
+Shapes: B batch, T query tokens, S key positions (cache length, or T without a cache),
+D hidden size, H query heads, K key/value heads, Dh head size, F MLP width, V vocabulary,
+L layers.
+
+Parameter layout (paths in the params `nnx.State`, kernels stored [in, out]):
+
+    embed.embedding                      [V, D]       sharding ('model', None)
+    layers.{i}.input_norm.scale          [D]          (None,)
+    layers.{i}.attn.q_proj.kernel        [D, H*Dh]    (None, 'model')   .bias [H*Dh] ('model',)
+    layers.{i}.attn.k_proj.kernel        [D, K*Dh]    (None, 'model')   .bias [K*Dh] ('model',)
+    layers.{i}.attn.v_proj.kernel        [D, K*Dh]    (None, 'model')   .bias [K*Dh] ('model',)
+    layers.{i}.attn.o_proj.kernel        [H*Dh, D]    ('model', None)
+    layers.{i}.post_attn_norm.scale      [D]          (None,)
+    layers.{i}.mlp.gate_proj.kernel      [D, F]       (None, 'model')
+    layers.{i}.mlp.up_proj.kernel        [D, F]       (None, 'model')
+    layers.{i}.mlp.down_proj.kernel      [F, D]       ('model', None)
+    final_norm.scale                     [D]          (None,)
+    lm_head.kernel                       [D, V]       (None, 'model')   only when untied
+
+The sharding tuples are `nnx.Param` metadata naming the `model` mesh axis (Megatron-style:
+vocabulary, attention heads and MLP width are split; norms are replicated). They are never
+applied eagerly, so the model runs unchanged on one device; `param_partition_specs` /
+`shard_params` turn them into placements for a mesh, replicating any dimension that the
+`model` axis does not divide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct, traverse_util
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MODEL_AXIS = "model"
+INIT_STDDEV = 0.02
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_MASKED_SCORE = float(np.finfo(np.float32).min)
+
+
+def default_compute_dtype() -> str:
+    """"float32" on CPU, "bfloat16" on accelerators (GPU/TPU)."""
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of a Qwen2-family model.
+
+    dtype: compute dtype name (activations, matmuls, KV cache); softmax and logits are f32.
+    param_dtype: storage dtype name of the parameters.
+    remat: recompute each layer's activations in the backward pass (gradient checkpointing).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    max_position: int = 32768
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for rotary embedding, got {self.head_dim}")
+        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
+            raise ValueError(
+                f"ModelConfig.rope_theta and rms_norm_eps must be positive, got "
+                f"{self.rope_theta!r} and {self.rms_norm_eps!r}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(
+                    f"ModelConfig.{name} must be one of {sorted(DTYPES)}, got {getattr(self, name)!r}")
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    @property
+    def weight_dtype(self) -> Any:
+        return DTYPES[self.param_dtype]
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def tiny_config(vocab_size: int, *, hidden_size: int = 128, intermediate_size: int = 384,
+                num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                head_dim: int | None = None, rope_theta: float = 10000.0,
+                tie_embeddings: bool = True, max_position: int = 1024,
+                dtype: str = "float32", param_dtype: str = "float32",
+                remat: bool = False) -> ModelConfig:
+    """A small model (about 0.4M parameters plus 128 per vocabulary entry) for CPU tests and toy domains."""
+    return ModelConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim or hidden_size // num_heads, rope_theta=rope_theta, rms_norm_eps=1e-6,
+        tie_embeddings=tie_embeddings, max_position=max_position, dtype=dtype,
+        param_dtype=param_dtype, remat=remat)
+
+
+def _qwen2_5(hidden: int, inter: int, layers: int, heads: int, dtype: str | None,
+             param_dtype: str, remat: bool) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+        num_heads=heads, num_kv_heads=2, head_dim=hidden // heads, rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6, tie_embeddings=True, max_position=32768,
+        dtype=dtype or default_compute_dtype(), param_dtype=param_dtype, remat=remat)
+
+
+def qwen2_5_0_5b(dtype: str | None = None, param_dtype: str = "float32", remat: bool = False) -> ModelConfig:
+    """Qwen2.5-0.5B shapes (494,032,768 parameters)."""
+    return _qwen2_5(896, 4864, 24, 14, dtype, param_dtype, remat)
+
+
+def qwen2_5_1_5b(dtype: str | None = None, param_dtype: str = "float32", remat: bool = False) -> ModelConfig:
+    """Qwen2.5-1.5B shapes (1,543,714,304 parameters)."""
+    return _qwen2_5(1536, 8960, 28, 12, dtype, param_dtype, remat)
+
+
+def qwen2_5_3b(dtype: str | None = None, param_dtype: str = "float32", remat: bool = False) -> ModelConfig:
+    """Qwen2.5-3B shapes (3,085,938,688 parameters)."""
+    return _qwen2_5(2048, 11008, 36, 16, dtype, param_dtype, remat)
+
+
+@struct.dataclass
+class KVCache:
+    """Static-size key/value cache of every layer.
+
+    k, v: [L, B, S, K, Dh] in the compute dtype. Position s of the cache holds the keys and
+    values written by the forward call whose `cache_index` range covered s; which positions a
+    query may read is decided by the attention mask, never by the cache itself.
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def length(self) -> int:
+        """S, the number of key positions."""
+        return int(self.k.shape[2])
+
+
+def init_cache(config: ModelConfig, batch_size: int, length: int, dtype: Any = None) -> KVCache:
+    """Zero KVCache with k, v: [L, batch_size, length, K, Dh]."""
+    shape = (config.num_layers, batch_size, length, config.num_kv_heads, config.head_dim)
+    dtype = dtype or config.compute_dtype
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def _param(shape: tuple[int, ...], dtype: Any, sharding: tuple, fill: float = 0.0) -> nnx.Param:
+    """A parameter filled with `fill` (Transformer.__init__ then draws the random ones)."""
+    return nnx.Param(jnp.full(shape, fill, dtype), sharding=sharding, eager_sharding=False)
+
+
+class Dense(nnx.Module):
+    """x[..., in] @ kernel[in, out] (+ bias[out]), computed in `dtype`."""
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool, shard_input: bool,
+                 dtype: Any, param_dtype: Any):
+        sharding = (MODEL_AXIS, None) if shard_input else (None, MODEL_AXIS)
+        self.kernel = _param((in_features, out_features), param_dtype, sharding)
+        self.bias = (_param((out_features,), param_dtype, (MODEL_AXIS,))
+                     if use_bias else None)
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale; the statistics in f32, the result in `dtype`."""
+
+    def __init__(self, size: int, eps: float, *, dtype: Any, param_dtype: Any):
+        self.scale = _param((size,), param_dtype, (None,), 1.0)
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin): f32[B, T, Dh] for integer positions i32[B, T], frequencies repeated twice."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate x[B, T, heads, Dh] by the tables f32[B, T, Dh] (rotate-half convention)."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with rotary embedding and an optional KV cache."""
+
+    def __init__(self, config: ModelConfig):
+        d, h, k, dh = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        dense = dict(dtype=config.compute_dtype, param_dtype=config.weight_dtype)
+        self.q_proj = Dense(d, h * dh, use_bias=True, shard_input=False, **dense)
+        self.k_proj = Dense(d, k * dh, use_bias=True, shard_input=False, **dense)
+        self.v_proj = Dense(d, k * dh, use_bias=True, shard_input=False, **dense)
+        self.o_proj = Dense(h * dh, d, use_bias=False, shard_input=True, **dense)
+        self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, score_bias: jax.Array,
+                 cache: KVCache | None, cache_index: jax.Array, layer_index: int
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T, D], cache)."""
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            zero = jnp.zeros((), jnp.int32)
+            start = (jnp.asarray(layer_index, jnp.int32), zero, cache_index, zero, zero)
+            cache = KVCache(
+                k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
+                v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
+            k, v = cache.k[layer_index].astype(x.dtype), cache.v[layer_index].astype(x.dtype)
+        group = self.num_heads // self.num_kv_heads
+        q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores * (self.head_dim ** -0.5) + score_bias[:, None, None, :, :]
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        return self.o_proj(out.reshape(batch, length, self.num_heads * self.head_dim)), cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        d, f = config.hidden_size, config.intermediate_size
+        dense = dict(use_bias=False, dtype=config.compute_dtype, param_dtype=config.weight_dtype)
+        self.gate_proj = Dense(d, f, shard_input=False, **dense)
+        self.up_proj = Dense(d, f, shard_input=False, **dense)
+        self.down_proj = Dense(f, d, shard_input=True, **dense)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm attention block and pre-norm MLP block, each with a residual connection."""
+
+    def __init__(self, config: ModelConfig):
+        norm = dict(dtype=config.compute_dtype, param_dtype=config.weight_dtype)
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm)
+        self.attn = Attention(config)
+        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm)
+        self.mlp = MLP(config)
+
+    def __call__(self, x, cos, sin, score_bias, cache, cache_index, layer_index):
+        attended, cache = self.attn(self.input_norm(x), cos, sin, score_bias, cache, cache_index, layer_index)
+        x = x + attended
+        return x + self.mlp(self.post_attn_norm(x)), cache
+
+
+class Embedding(nnx.Module):
+    """Token embedding table [V, D]."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, param_dtype: Any):
+        self.embedding = _param((vocab_size, hidden_size), param_dtype, (MODEL_AXIS, None))
+
+
+def _run_layer(layer: DecoderLayer, x, cos, sin, score_bias, cache, cache_index, layer_index):
+    return layer(x, cos, sin, score_bias, cache, cache_index, layer_index)
+
+
+_run_layer_remat = nnx.remat(_run_layer, static_argnums=(7,))
+
+
+def causal_mask(batch_size: int, length: int, cache_length: int, cache_index: jax.Array) -> jax.Array:
+    """bool[B, T, S]: query t (at cache position cache_index + t) sees keys s <= cache_index + t."""
+    query_at = cache_index + jnp.arange(length)[:, None]
+    mask = jnp.arange(cache_length)[None, :] <= query_at
+    return jnp.broadcast_to(mask, (batch_size, length, cache_length))
+
+
+def _initial_values(params: nnx.State, key: jax.Array, max_draw: int = 1 << 27) -> dict:
+    """{param path: array}: normal(0.02) kernels and embeddings, zero biases, unit norm scales.
+
+    Only the shapes and dtypes of `params` are read.
+    The normal entries come from a few flat draws of at most `max_draw` numbers each (a larger
+    parameter gets its own draw), cut into the parameters in order: every PRNG call is
+    compiled separately, so few calls keep compilation short and bounded draws keep memory low.
+    """
+    values, chunks = {}, [[]]
+    chunk_size = 0
+    for path, variable in nnx.to_flat_state(params):
+        if path[-1] == "scale":
+            values[path] = jnp.ones(variable.shape, variable.dtype)
+        elif path[-1] == "bias":
+            values[path] = jnp.zeros(variable.shape, variable.dtype)
+        else:
+            size = math.prod(variable.shape)
+            if chunks[-1] and chunk_size + size > max_draw:
+                chunks.append([])
+                chunk_size = 0
+            chunks[-1].append((path, variable.shape, variable.dtype))
+            chunk_size += size
+    for chunk_index, chunk in enumerate(chunks):
+        total = sum(math.prod(shape) for _, shape, _ in chunk)
+        draws = INIT_STDDEV * jax.random.normal(jax.random.fold_in(key, chunk_index), (total,), jnp.float32)
+        offset = 0
+        for path, shape, dtype in chunk:
+            size = math.prod(shape)
+            values[path] = draws[offset:offset + size].reshape(shape).astype(dtype)
+            offset += size
+    return values
+
+
+class Transformer(nnx.Module):
+    """Qwen2-family causal language model."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None):
+        """With `rngs`, weights are drawn from normal(0.02) (biases 0, norm scales 1) using
+        `rngs.params()`; without, weights and biases are 0 and norm scales 1 (a placeholder to
+        load values into)."""
+        self.config = config
+        dtype, param_dtype = config.compute_dtype, config.weight_dtype
+        self.embed = Embedding(config.vocab_size, config.hidden_size, param_dtype=param_dtype)
+        self.layers = nnx.List([DecoderLayer(config) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.lm_head = None if config.tie_embeddings else Dense(
+            config.hidden_size, config.vocab_size, use_bias=False, shard_input=False,
+            dtype=dtype, param_dtype=param_dtype)
+        if rngs is not None:
+            state = nnx.state(self)
+            nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(_initial_values(state, rngs.params())))
+            nnx.update(self, state)
+
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array,
+                      attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                      cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+        """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
+
+        tokens, positions: i32[B, T]. attention_mask: bool[B, T, S], True where query t may
+        read key s; S is the cache length with a cache, else T. Default: causal over cache
+        positions (key s visible to query t iff s <= cache_index + t). With a cache, this call's
+        keys/values are written at cache positions [cache_index, cache_index + T).
+        """
+        config = self.config
+        if tokens.ndim != 2 or positions.shape != tokens.shape:
+            raise ValueError(
+                f"Transformer: tokens and positions must both be [B, T], got {tokens.shape} "
+                f"and {positions.shape}")
+        batch, length = tokens.shape
+        cache_index = jnp.asarray(cache_index, jnp.int32)
+        key_length = length if cache is None else cache.length
+        if cache is not None and cache.k.shape[:2] != (config.num_layers, batch):
+            raise ValueError(
+                f"Transformer: cache k has shape {cache.k.shape}, expected leading dims "
+                f"(num_layers={config.num_layers}, batch={batch})")
+        if attention_mask is None:
+            attention_mask = causal_mask(batch, length, key_length, cache_index)
+        elif attention_mask.shape != (batch, length, key_length):
+            raise ValueError(
+                f"Transformer: attention_mask must be [B, T, S] = {(batch, length, key_length)}, "
+                f"got {attention_mask.shape}")
+        score_bias = jnp.where(attention_mask, 0.0, _MASKED_SCORE).astype(jnp.float32)
+        cos, sin = rotary_tables(positions, config.head_dim, config.rope_theta)
+        x = jnp.take(self.embed.embedding[...], tokens, axis=0).astype(config.compute_dtype)
+        run = _run_layer_remat if config.remat else _run_layer
+        for layer_index, layer in enumerate(self.layers):
+            x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index)
+        return self.final_norm(x), cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """f32[..., V] from hidden states [..., D]."""
+        dtype = self.config.compute_dtype
+        if self.lm_head is None:
+            table = self.embed.embedding[...].astype(dtype)
+            return jnp.einsum("...d,vd->...v", hidden.astype(dtype), table,
+                              preferred_element_type=jnp.float32)
+        kernel = self.lm_head.kernel[...].astype(dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(dtype), kernel,
+                          preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+        """(logits f32[B, T, V], updated cache); arguments as in `hidden_states`."""
+        hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache, cache_index)
+        return self.logits(hidden), cache
+
+
+def split_model(model: Transformer) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params): the static structure and the parameter pytree of `model`."""
+    graphdef, params = nnx.split(model)
+    return graphdef, params
+
+
+def merge_model(graphdef: nnx.GraphDef, params: nnx.State) -> Transformer:
+    """Inverse of `split_model`."""
+    return nnx.merge(graphdef, params)
+
+
+def config_of(graphdef: nnx.GraphDef, params: nnx.State) -> ModelConfig:
+    """The ModelConfig a (graphdef, params) pair was built from."""
+    return merge_model(graphdef, params).config
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, positions: jax.Array,
+          attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+          cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+    """Functional forward pass: (logits f32[B, T, V], cache); see `Transformer.hidden_states`."""
+    return merge_model(graphdef, params)(tokens, positions, attention_mask, cache, cache_index)
+
+
+def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, positions: jax.Array,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+    """Functional `Transformer.hidden_states`: (hidden [B, T, D], cache)."""
+    return merge_model(graphdef, params).hidden_states(tokens, positions, attention_mask, cache, cache_index)
+
+
+def apply_logits(graphdef: nnx.GraphDef, params: nnx.State, hidden: jax.Array) -> jax.Array:
+    """Functional `Transformer.logits`: f32[..., V] from hidden [..., D]."""
+    return merge_model(graphdef, params).logits(hidden)
+
+
+def abstract_model(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params of jax.ShapeDtypeStruct) without allocating parameters."""
+    return nnx.split(nnx.eval_shape(lambda: Transformer(config)))
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_init(config: ModelConfig):
+    return jax.jit(lambda key: nnx.split(Transformer(config, rngs=nnx.Rngs(key)))[1])
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params) of `Transformer(config, rngs=nnx.Rngs(key))`, built under jit."""
+    graphdef, _ = abstract_model(config)
+    return graphdef, _jitted_init(config)(key)
+
+
+def count_params(params: Any) -> int:
+    """Total number of parameter elements in a params pytree (arrays or ShapeDtypeStructs)."""
+    return int(sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params)))
+
+
+def param_partition_specs(params: nnx.State, mesh: Mesh | None = None) -> Any:
+    """PartitionSpec per parameter from its sharding metadata.
+
+    With `mesh`, a dimension the named mesh axis does not divide (or an axis the mesh lacks)
+    is replicated instead, so any model fits any mesh.
+    """
+    specs = nnx.get_partition_spec(params)
+
+    def fit(value, spec):
+        if mesh is None or not isinstance(spec, PartitionSpec):
+            return spec
+        fitted = []
+        for size, axis in zip(value.shape, tuple(spec) + (None,) * (len(value.shape) - len(spec))):
+            ok = axis is not None and axis in mesh.shape and size % mesh.shape[axis] == 0
+            fitted.append(axis if ok else None)
+        return PartitionSpec(*fitted)
+
+    return jax.tree_util.tree_map(fit, params, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def param_shardings(params: nnx.State, mesh: Mesh) -> Any:
+    """NamedSharding per parameter on `mesh` (see `param_partition_specs`).
+
+    The mesh axes must be `jax.sharding.AxisType.Auto` (the compiler propagates shardings
+    through the model); `jax.make_mesh` needs `axis_types=(AxisType.Auto,) * n` for that.
+    """
+    explicit = [name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+                if kind != jax.sharding.AxisType.Auto]
+    if explicit:
+        raise ValueError(
+            f"param_shardings: mesh axes {explicit} are not AxisType.Auto; build the mesh with "
+            f"axis_types=(jax.sharding.AxisType.Auto,) * {len(mesh.axis_names)}")
+    specs = param_partition_specs(params, mesh)
+    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs,
+                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def shard_params(params: nnx.State, mesh: Mesh) -> nnx.State:
+    """`params` placed on `mesh` by their sharding metadata."""
+    return jax.device_put(params, param_shardings(params, mesh))

@@ -1,0 +1,285 @@
+"""KV-cache sampling against uncached references; constraints; teacher-forced log-probs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx, struct, traverse_util
+
+from derl_jax.models import sampling as sm
+from derl_jax.models import transformer as tr
+
+VOCAB = 20
+MAX_NEW = 6
+NEVER = VOCAB  # an eos id no token can equal
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = tr.tiny_config(VOCAB, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                            num_kv_heads=2, rope_theta=100.0, max_position=64)
+    graphdef, abstract = tr.abstract_model(config)
+    rng = np.random.default_rng(0)
+    values = {path: jnp.asarray((path[-1] == "scale") + 0.25 * rng.standard_normal(var.shape), var.dtype)
+              for path, var in nnx.to_flat_state(abstract)}
+    nnx.replace_by_pure_dict(abstract, traverse_util.unflatten_dict(values))
+    return config, graphdef, abstract
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Three prompts of 6, 4 and 2 real tokens, left padded with junk (not PAD) to Tp = 6."""
+    rng = np.random.default_rng(1)
+    real = [rng.integers(1, VOCAB, n) for n in (6, 4, 2)]
+    prompts = rng.integers(1, VOCAB, (3, 6))
+    mask = np.zeros((3, 6), bool)
+    for row, tokens in enumerate(real):
+        prompts[row, 6 - len(tokens):] = tokens
+        mask[row, 6 - len(tokens):] = True
+    return real, jnp.asarray(prompts, jnp.int32), jnp.asarray(mask)
+
+
+_forward = jax.jit(tr.apply, static_argnums=0)
+
+
+def _uncached_logits(graphdef, params, sequence: np.ndarray, length: int) -> np.ndarray:
+    """f32[V]: next-token logits after sequence[:length], from a full causal forward without cache."""
+    buffer = np.zeros((1, 16), np.int32)
+    buffer[0, :length] = sequence[:length]
+    positions = jnp.arange(16)[None]
+    logits, _ = _forward(graphdef, params, jnp.asarray(buffer), positions, None)
+    return np.asarray(logits[0, length - 1], np.float64)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def _greedy_reference(graphdef, params, prompt: np.ndarray, steps: int, allowed=None):
+    """(tokens, logprobs) by repeated argmax over full uncached forwards of the unpadded prompt."""
+    sequence = list(prompt)
+    tokens, logprobs = [], []
+    for _ in range(steps):
+        logits = _uncached_logits(graphdef, params, np.array(sequence), len(sequence))
+        masked = logits if allowed is None else np.where(allowed, logits, -np.inf)
+        token = int(np.argmax(masked))
+        tokens.append(token)
+        logprobs.append(_log_softmax(logits)[token])
+        sequence.append(token)
+    return np.array(tokens), np.array(logprobs)
+
+
+def _sample(graphdef, params, prompts, mask, key=0, **kwargs):
+    options = dict(max_new_tokens=MAX_NEW, eos_id=NEVER, pad_id=PAD)
+    options.update(kwargs)
+    return sm.sample_jit(graphdef, params, prompts, mask, jax.random.key(key), **options)
+
+
+def test_greedy_matches_uncached_argmax_reference(model, batch):
+    _, graphdef, params = model
+    real, prompts, mask = batch
+    out = _sample(graphdef, params, prompts, mask, greedy=True)
+    assert out.tokens.shape == (3, MAX_NEW) and out.tokens.dtype == jnp.int32
+    for row, prompt in enumerate(real):
+        tokens, logprobs = _greedy_reference(graphdef, params, prompt, MAX_NEW)
+        np.testing.assert_array_equal(np.asarray(out.tokens[row]), tokens)
+        np.testing.assert_allclose(np.asarray(out.logprobs[row]), logprobs, atol=2e-5)
+    assert bool(out.mask.all()) and out.lengths.tolist() == [MAX_NEW] * 3
+
+
+def test_eos_ends_each_row_and_later_tokens_are_masked_pad(model, batch):
+    _, graphdef, params = model
+    real, prompts, mask = batch
+    free = np.asarray(_sample(graphdef, params, prompts, mask, greedy=True).tokens)
+    eos = int(free[0, 2]) if free[0, 2] not in free[0, :2] else int(free[0, 3])
+    out = _sample(graphdef, params, prompts, mask, greedy=True, eos_id=eos)
+    for row in range(3):
+        hits = np.flatnonzero(free[row] == eos)
+        length = int(hits[0]) + 1 if hits.size else MAX_NEW
+        expected = np.where(np.arange(MAX_NEW) < length, free[row], PAD)
+        np.testing.assert_array_equal(np.asarray(out.tokens[row]), expected)
+        np.testing.assert_array_equal(np.asarray(out.mask[row]), np.arange(MAX_NEW) < length)
+        assert int(out.lengths[row]) == length
+        assert np.all(np.asarray(out.logprobs[row, length:]) == 0.0)
+    assert int(out.lengths[0]) < MAX_NEW
+
+
+def test_left_padding_does_not_change_samples(model, batch):
+    _, graphdef, params = model
+    _, padded, _ = batch
+    rng = np.random.default_rng(2)
+    prompts = jnp.asarray(rng.integers(1, VOCAB, (3, 3)), jnp.int32)
+    padded = padded.at[:, 3:].set(prompts)  # junk in the first three columns, masked out
+    padded_mask = jnp.asarray(np.arange(6) >= 3).reshape(1, 6).repeat(3, 0)
+    plain = _sample(graphdef, params, prompts, jnp.ones((3, 3), bool), key=5)
+    shifted = _sample(graphdef, params, padded, padded_mask, key=5)
+    np.testing.assert_array_equal(np.asarray(plain.tokens), np.asarray(shifted.tokens))
+    np.testing.assert_allclose(np.asarray(plain.logprobs), np.asarray(shifted.logprobs), atol=2e-5)
+
+
+def test_top_k_one_is_greedy(model, batch):
+    _, graphdef, params = model
+    _, prompts, mask = batch
+    greedy = _sample(graphdef, params, prompts, mask, greedy=True)
+    top1 = _sample(graphdef, params, prompts, mask, key=3, top_k=1, temperature=0.7)
+    np.testing.assert_array_equal(np.asarray(top1.tokens), np.asarray(greedy.tokens))
+    np.testing.assert_allclose(np.asarray(top1.sampling_logprobs), 0.0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(top1.logprobs), np.asarray(greedy.logprobs), atol=1e-6)
+
+
+def test_top_k_keeps_samples_among_the_k_most_likely(model, batch):
+    _, graphdef, params = model
+    _, prompts, mask = batch
+    out = _sample(graphdef, params, prompts, mask, key=4, top_k=3, temperature=3.0)
+    full = jnp.concatenate([prompts, out.tokens], axis=1)
+    full_mask = jnp.concatenate([mask, out.mask], axis=1)
+    positions = sm.prompt_positions(full_mask)
+    attention = full_mask[:, None, :] & jnp.tril(jnp.ones((12, 12), bool))[None]
+    logits, _ = _forward(graphdef, params, full, positions, attention)
+    ranks = np.argsort(-np.asarray(logits[:, 5:11]), axis=-1)[..., :3]
+    chosen = np.asarray(out.tokens)[..., None]
+    assert np.all((ranks == chosen).any(-1))
+
+
+@struct.dataclass
+class ParityByStep:
+    """Allows even tokens at even steps and odd tokens at odd steps (state: steps taken, i32[B])."""
+
+    vocab_size: int = struct.field(pytree_node=False)
+
+    def init(self, batch_size):
+        return jnp.zeros((batch_size,), jnp.int32)
+
+    def allowed(self, steps):
+        return (jnp.arange(self.vocab_size)[None, :] % 2) == (steps[:, None] % 2)
+
+    def advance(self, steps, tokens):
+        return steps + 1
+
+
+def test_constraints_are_respected_when_sampling_and_greedy(model, batch):
+    _, graphdef, params = model
+    real, prompts, mask = batch
+    constraint = ParityByStep(VOCAB)
+    assert isinstance(constraint, sm.Constraint)
+    out = _sample(graphdef, params, prompts, mask, key=6, temperature=3.0, constraint=constraint)
+    parity = np.asarray(out.tokens) % 2
+    np.testing.assert_array_equal(parity, np.broadcast_to(np.arange(MAX_NEW) % 2, parity.shape))
+    masks = sm.constraint_masks(constraint, out.tokens)
+    np.testing.assert_array_equal(np.asarray(masks[:, 3]), np.broadcast_to(np.arange(VOCAB) % 2 == 1, (3, VOCAB)))
+    constrained, entropy = jax.jit(sm.sequence_logprobs, static_argnums=0)(
+        graphdef, params, prompts, mask, out.tokens, out.mask, 3.0, masks)
+    np.testing.assert_allclose(np.asarray(constrained), np.asarray(out.sampling_logprobs), atol=2e-5)
+    assert np.all(np.isfinite(np.asarray(entropy))) and np.all(np.asarray(entropy) <= np.log(VOCAB // 2) + 1e-5)
+
+    subset = np.zeros(VOCAB, bool)
+    subset[[3, 5, 8, 13]] = True
+    greedy = _sample(graphdef, params, prompts, mask, greedy=True, constraint=sm.AllowedTokens(jnp.asarray(subset)))
+    assert subset[np.asarray(greedy.tokens)].all()
+    for row in (0, 1):
+        tokens, logprobs = _greedy_reference(graphdef, params, real[row], MAX_NEW, allowed=subset)
+        np.testing.assert_array_equal(np.asarray(greedy.tokens[row]), tokens)
+        np.testing.assert_allclose(np.asarray(greedy.logprobs[row]), logprobs, atol=2e-5)
+    assert len(np.unique(np.asarray(greedy.tokens))) > 1
+
+
+def test_sequence_logprobs_equal_sampler_logprobs(model, batch):
+    _, graphdef, params = model
+    real, prompts, mask = batch
+    teacher = jax.jit(sm.sequence_logprobs, static_argnums=0)
+    free = np.asarray(_sample(graphdef, params, prompts, mask, key=8).tokens)
+    eos = int(free[0, 1]) if free[0, 1] != free[0, 0] else int(free[0, 2])
+    out = _sample(graphdef, params, prompts, mask, key=8, eos_id=eos)
+    assert int(out.lengths[0]) <= 3  # some row ended early, so masking is exercised
+    logp, entropy = teacher(graphdef, params, prompts, mask, out.tokens, out.mask, 1.0)
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(out.logprobs), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(out.sampling_logprobs), np.asarray(out.logprobs), atol=2e-5)
+    assert np.all(np.asarray(entropy)[~np.asarray(out.mask)] == 0.0)
+    sequence = np.concatenate([real[2], np.asarray(out.tokens[2])])
+    first = _uncached_logits(graphdef, params, sequence, len(real[2]))
+    probs = np.exp(_log_softmax(first))
+    np.testing.assert_allclose(float(entropy[2, 0]), -(probs * np.log(probs)).sum(), atol=2e-5)
+
+    hot = _sample(graphdef, params, prompts, mask, key=9, temperature=0.7)
+    logp_hot, _ = teacher(graphdef, params, prompts, mask, hot.tokens, hot.mask, 0.7)
+    np.testing.assert_allclose(np.asarray(logp_hot), np.asarray(hot.sampling_logprobs), atol=2e-5)
+    logp_cold, _ = teacher(graphdef, params, prompts, mask, hot.tokens, hot.mask, 1.0)
+    np.testing.assert_allclose(np.asarray(logp_cold), np.asarray(hot.logprobs), atol=2e-5)
+
+
+def test_sequence_logprobs_have_finite_gradients_with_excluded_tokens(model, batch):
+    _, graphdef, params = model
+    _, prompts, mask = batch
+    out = _sample(graphdef, params, prompts, mask, key=10)
+    rng = np.random.default_rng(3)
+    chosen = np.asarray(jax.nn.one_hot(out.tokens, VOCAB, dtype=bool))
+    allowed = jnp.asarray((rng.random(chosen.shape) < 0.5) | chosen)
+
+    def total(p):
+        logp, entropy = sm.sequence_logprobs(graphdef, p, prompts, mask, out.tokens, out.mask, 1.0, allowed)
+        return jnp.sum(logp) + jnp.sum(entropy)
+
+    grads = jax.jit(jax.grad(total))(params)
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree_util.tree_leaves(grads))
+    assert float(jnp.abs(nnx.to_pure_dict(grads)["embed"]["embedding"]).max()) > 0
+
+
+def test_same_key_same_output_and_other_keys_differ(model, batch):
+    _, graphdef, params = model
+    _, prompts, mask = batch
+    first = _sample(graphdef, params, prompts, mask, key=11, temperature=2.0)
+    again = _sample(graphdef, params, prompts, mask, key=11, temperature=2.0)
+    other = _sample(graphdef, params, prompts, mask, key=12, temperature=2.0)
+    np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(again.tokens))
+    np.testing.assert_array_equal(np.asarray(first.logprobs), np.asarray(again.logprobs))
+    assert not np.array_equal(np.asarray(first.tokens), np.asarray(other.tokens))
+
+
+def test_first_token_frequencies_follow_tempered_softmax(model):
+    _, graphdef, params = model
+    prompt = np.array([3, 7, 11])
+    draws = 3000
+    prompts = jnp.asarray(np.broadcast_to(prompt, (draws, 3)), jnp.int32)
+    out = sm.sample_jit(graphdef, params, prompts, jnp.ones((draws, 3), bool), jax.random.key(13),
+                        max_new_tokens=1, eos_id=NEVER, pad_id=PAD, temperature=1.5)
+    expected = np.exp(_log_softmax(_uncached_logits(graphdef, params, prompt, 3) / 1.5))
+    observed = np.bincount(np.asarray(out.tokens[:, 0]), minlength=VOCAB) / draws
+    assert 0.5 * np.abs(observed - expected).sum() < 0.05
+    assert expected.max() < 0.9  # the check is informative only for a spread distribution
+
+
+def test_vmap_over_parameter_sets_matches_one_by_one(model, batch):
+    config, graphdef, params = model
+    _, prompts, mask = batch
+    other = jax.tree_util.tree_map(lambda x: x * 1.1, params)
+    stacked = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), params, other)
+    run = jax.jit(jax.vmap(lambda p: sm.sample(graphdef, p, prompts, mask, jax.random.key(14),
+                                               max_new_tokens=MAX_NEW, eos_id=NEVER, pad_id=PAD, greedy=True)))
+    together = run(stacked)
+    for index, p in enumerate((params, other)):
+        alone = _sample(graphdef, p, prompts, mask, greedy=True, key=14)
+        np.testing.assert_array_equal(np.asarray(together.tokens[index]), np.asarray(alone.tokens))
+        np.testing.assert_allclose(np.asarray(together.logprobs[index]), np.asarray(alone.logprobs), atol=2e-5)
+
+
+def test_bad_arguments_are_named(model, batch):
+    _, graphdef, params = model
+    _, prompts, mask = batch
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sm.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=0, eos_id=1, pad_id=0)
+    with pytest.raises(ValueError, match="prompt_mask shape"):
+        sm.sample(graphdef, params, prompts, mask[:, :3], jax.random.key(0), max_new_tokens=2, eos_id=1, pad_id=0)
+    with pytest.raises(ValueError, match="temperature"):
+        sm.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=2, eos_id=1, pad_id=0,
+                  temperature=0.0)
+    with pytest.raises(ValueError, match="pad_id"):
+        sm.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=2, eos_id=1, pad_id=VOCAB)
+    with pytest.raises(ValueError, match="max_position"):
+        sm.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=100, eos_id=1, pad_id=0)
+    with pytest.raises(ValueError, match="constraint.allowed returned shape"):
+        sm.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=2, eos_id=1, pad_id=0,
+                  constraint=sm.AllowedTokens(jnp.ones((VOCAB + 1,), bool)))
+    with pytest.raises(ValueError, match="completion_mask shape"):
+        sm.sequence_logprobs(graphdef, params, prompts, mask, jnp.zeros((3, 4), jnp.int32), jnp.ones((3, 5), bool))
