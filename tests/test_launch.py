@@ -1,0 +1,124 @@
+"""launch/run.py: flag parsing, config overrides and validation, the three modes.
+
+The CLI is driven in-process with absl's flag parser; the inner loop and the
+Meta-Optimizer are the fakes of test_search (replacing `build_components` and
+`OPTIMIZER_FACTORY`, the module's two seams). One test runs the real script in a subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from derl_jax.domains.arith import make_arith_domain
+from derl_jax.meta.protocol import ConfigError
+from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer, get_config, reference_quality
+from test_protocol import expected_accuracy
+
+SCRIPT = os.path.join(REPO_ROOT, "launch", "run.py")
+SMOKE = os.path.join(REPO_ROOT, "configs", "arith.py") + ":smoke"
+
+
+def load_launcher():
+    """launch/run.py as a module (once per process: it defines absl flags)."""
+    if "derl_launch_run" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("derl_launch_run", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["derl_launch_run"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["derl_launch_run"]
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    module = load_launcher()
+    evaluator = FakeEvaluator()
+
+    def fake_components(cfg, workdir):
+        return module.Components(domain=make_arith_domain(cfg.domain), base_params=BASE_PARAMS, evaluator=evaluator)
+
+    monkeypatch.setattr(module, "build_components", fake_components)
+    monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
+    module.fake_evaluator = evaluator
+    yield module
+    flags.FLAGS.unparse_flags()
+
+
+def invoke(module, *args: str) -> None:
+    """Parse `args` like the command line would, then run `main`."""
+    argv = ["run.py", f"--config={SMOKE}", "--noprogress", "--config.meta.max_symbols=24", *args]
+    saved_argv = sys.argv
+    sys.argv = argv  # config_flags reads the overrides from sys.argv, as under app.run
+    try:
+        for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+            delattr(flags.FLAGS, name)  # override flags are defined anew by each parse of --config
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(argv)
+        module.main(["run.py"])
+    finally:
+        sys.argv = saved_argv
+
+
+def test_cli_rejects_a_bad_config_value_naming_the_field(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, SCRIPT, f"--config={SMOKE}", "--config.outer.num_candidates=1", f"--workdir={tmp_path}"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+    )
+    assert completed.returncode != 0
+    assert "config.outer.num_candidates must be >= 2, got 1" in completed.stderr + completed.stdout
+    assert not os.listdir(tmp_path)  # nothing was built or written
+
+
+def test_search_mode_applies_overrides(launcher, tmp_path, capsys):
+    invoke(launcher, "--mode=search", f"--workdir={tmp_path}", "--config.outer.iterations=3",
+           "--config.outer.strategy=evolution", "--config.outer.num_candidates=3")
+    history = [json.loads(line) for line in open(tmp_path / "history.jsonl")]
+    assert [(r["iteration"], r["index"]) for r in history] == [(i, j) for i in range(3) for j in range(3)]
+    assert {r["method"] for r in history} == {"evolution"}
+    saved = json.load(open(tmp_path / "config.json"))
+    assert saved["outer"]["iterations"] == 3 and saved["outer"]["num_candidates"] == 3
+    out = capsys.readouterr().out
+    assert "iter    2 |" in out and "search finished" in out
+
+
+def test_final_mode_uses_the_search_result_or_the_given_expression(launcher, tmp_path):
+    invoke(launcher, "--mode=search", f"--workdir={tmp_path}")
+    best = json.load(open(tmp_path / "search_result.json"))["incumbent"]["text"]
+    invoke(launcher, "--mode=final", f"--workdir={tmp_path}")
+    final = json.load(open(tmp_path / "final_result.json"))
+    rows = launcher.fake_evaluator.rows
+    assert final["expression"] == best
+    assert final["test"] == pytest.approx(expected_accuracy(2.0 * reference_quality(best, rows)), abs=1e-5)
+    assert launcher.fake_evaluator.final_calls[-1]["train"] == 40  # the full training split
+
+    invoke(launcher, "--mode=final", f"--workdir={tmp_path}", "--expression=g1+g2")
+    final = json.load(open(tmp_path / "final_result.json"))
+    assert final["expression"] == "g1+g2" and final["canonical"] == "g1 + g2"
+    with pytest.raises(ValueError, match="not a valid reward"):
+        invoke(launcher, "--mode=final", f"--workdir={tmp_path}", "--expression=g1+")
+    with pytest.raises(FileNotFoundError, match="no finished search"):
+        invoke(launcher, "--mode=final", f"--workdir={tmp_path / 'empty'}")
+
+
+def test_compare_mode_writes_the_report(launcher, tmp_path, capsys):
+    invoke(launcher, "--mode=compare", f"--workdir={tmp_path}", "--config.compare.seeds=(0, 1)")
+    saved = json.load(open(tmp_path / "results.json"))
+    assert saved["methods"] == ["derl", "outcome"]
+    assert [r["seed"] for r in saved["per_seed"]["derl"]] == [0, 1]
+    assert os.path.exists(tmp_path / "derl" / "seed_1" / "history.jsonl")
+    assert "| outcome |" in capsys.readouterr().out
+
+
+def test_defaults_and_domain_kind():
+    module = load_launcher()
+    cfg = get_config("smoke")
+    assert module.default_workdir(cfg) == os.path.join("runs", "arith_smoke")
+    cfg.domain.kind = "chess"
+    with pytest.raises(ConfigError, match="config.domain.kind must be one of \\('arith',\\), got 'chess'"):
+        module.build_domain(cfg)
