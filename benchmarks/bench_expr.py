@@ -5,9 +5,12 @@
 
 For each N it times, after a warm-up, the median of `--repeats` runs of:
 
-* vm eval:        `evaluate_batch` (jit, programs one after another, row tiles) on K
-                  pre-stacked programs -> f32[K, N], `block_until_ready`;
-* vm end-to-end:  `compile_expr` of the K trees + `stack_programs` + the same evaluation;
+* vm eval:        `evaluate_batch_threaded` (the jitted `evaluate_batch`, programs one after
+                  another over row tiles, on K/threads programs per host thread) on K
+                  pre-stacked programs -> f32[K, N] on the host;
+* vm eval (1 thread): `evaluate_batch` on all K programs from one thread;
+* vm compile+stack only: `compile_expr` of the K trees + `stack_programs` (its share);
+* vm end-to-end:  `compile_expr` of the K trees + `stack_programs` + the threaded evaluation;
 * lambdify eval:  K pre-built `sympy.lambdify` NumPy functions called on the columns;
 * lambdify end-to-end: `to_sympy` + `lambdify` + call, per expression (what evaluating
                   model-written rewards with SymPy costs).
@@ -21,6 +24,7 @@ Prints one `RESULT {json}` line and a table (benchmarks/common.py).
 from __future__ import annotations
 
 import argparse
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +33,7 @@ import sympy
 
 from benchmarks.common import median_time, report
 from derl_jax.expr import Binary, Call, Num, Prim, Unary, Var, check, compile_expr, evaluate_batch, stack_programs, to_sympy
+from derl_jax.expr.vm import evaluate_batch_threaded
 from derl_jax.expr.parse import to_text
 
 
@@ -79,7 +84,8 @@ def _lambdify(expr, num_primitives):
     return sympy.lambdify(symbols, to_sympy(expr, rational=False), "numpy")
 
 
-def run(num_programs: int, rows: int, num_primitives: int, repeats: int, row_tile: int | None, vmap_batch: int, seed: int):
+def run(num_programs: int, rows: int, num_primitives: int, repeats: int, row_tile: int | None, vmap_batch: int, seed: int,
+        threads: int | None):
     exprs = random_valid_exprs(num_programs, num_primitives, seed)
     prims_host = np.random.default_rng(seed + 1).random((rows, num_primitives), dtype=np.float32)
     prims = jnp.asarray(prims_host)
@@ -91,11 +97,17 @@ def run(num_programs: int, rows: int, num_primitives: int, repeats: int, row_til
     sizes = np.asarray(programs.size)
 
     def vm_eval():
+        return evaluate_batch_threaded(programs, prims, progress, row_tile=tile, threads=threads)
+
+    def vm_eval_one_thread():
         return evaluate_batch(programs, prims, progress, row_tile=tile).block_until_ready()
 
     def vm_end_to_end():
         stacked = stack_programs([compile_expr(e) for e in exprs])
-        return evaluate_batch(stacked, prims, progress, row_tile=tile).block_until_ready()
+        return evaluate_batch_threaded(stacked, prims, progress, row_tile=tile, threads=threads)
+
+    def vm_compile_only():
+        return stack_programs([compile_expr(e) for e in exprs])
 
     functions = [_lambdify(e, num_primitives) for e in exprs]
 
@@ -123,6 +135,8 @@ def run(num_programs: int, rows: int, num_primitives: int, repeats: int, row_til
 
     timings = {
         "vm eval": median_time(vm_eval, repeats=repeats),
+        "vm eval (1 thread)": median_time(vm_eval_one_thread, repeats=repeats),
+        "vm compile+stack only": median_time(vm_compile_only, repeats=repeats),
         "vm end-to-end": median_time(vm_end_to_end, repeats=repeats),
         "lambdify eval": median_time(lambdify_eval, repeats=repeats),
         "lambdify end-to-end": median_time(lambdify_end_to_end, repeats=repeats, warmup=0),
@@ -133,7 +147,7 @@ def run(num_programs: int, rows: int, num_primitives: int, repeats: int, row_til
         )
     out = []
     for name, seconds in timings.items():
-        baseline = timings["lambdify end-to-end"] if "end-to-end" in name else timings["lambdify eval"]
+        baseline = timings["lambdify end-to-end"] if ("end-to-end" in name or "compile" in name) else timings["lambdify eval"]
         out.append(
             {
                 "N": rows,
@@ -153,7 +167,8 @@ def main(argv=None):
     parser.add_argument("--n", type=str, default=None, help="comma-separated row counts (default 65536,1024)")
     parser.add_argument("--p", type=int, default=4, help="number of primitives")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--row-tile", type=int, default=8192, help="VM row tile on CPU (0: none)")
+    parser.add_argument("--row-tile", type=int, default=1024, help="VM row tile on CPU (0: none)")
+    parser.add_argument("--threads", type=int, default=None, help="host threads for the VM (default: every CPU)")
     parser.add_argument("--vmap-batch", type=int, default=None, help="also time vmapped chunks of this size")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -162,7 +177,7 @@ def main(argv=None):
     vmap_batch = args.vmap_batch if args.vmap_batch is not None else (16 if args.quick else 0)
     rows, mean_size = [], 0.0
     for n in ns:
-        result, mean_size = run(k, n, args.p, args.repeats, args.row_tile or None, vmap_batch, args.seed)
+        result, mean_size = run(k, n, args.p, args.repeats, args.row_tile or None, vmap_batch, args.seed, args.threads)
         rows.extend(result)
     summary = {}
     for n in ns:
@@ -175,6 +190,7 @@ def main(argv=None):
         "expr_vm_vs_lambdify",
         rows,
         config={"K": k, "N": ns, "P": args.p, "repeats": args.repeats, "row_tile": args.row_tile,
+                "threads": args.threads or os.cpu_count(),
                 "mean_program_size": round(mean_size, 2)},
         summary=summary,
         columns=["N", "method", "seconds", "ms_per_expr", "speedup_vs_lambdify"],

@@ -34,6 +34,7 @@ from derl_jax.expr import (
     to_text,
 )
 from derl_jax.expr.program import min_nodes_for_stack_depth, stack_need
+from derl_jax.expr.vm import evaluate_batch_threaded
 from expr_strategies import exprs
 
 NUM_PRIMS = 4
@@ -326,3 +327,40 @@ def test_evaluate_numpy_accepts_programs_and_checks_columns():
     np.testing.assert_allclose(evaluate_numpy(program, POINTS, 0.0), POINTS[:, 0] + POINTS[:, 2], rtol=1e-6)
     with pytest.raises(IndexError):
         evaluate_numpy(program, POINTS[:, :2], 0.0)
+
+
+def test_threaded_batch_equals_evaluate_batch():
+    texts = ["g1+g2", "g3**2 - u", "clip(g1, 0, 1)**0.5", "max(g1, g2)/(g3+1)", "abs(g4)**3"]
+    programs = stack_programs([compile_expr(parse(t)) for t in texts])
+    want = np.stack([evaluate_numpy(parse(t), POINTS, 0.3) for t in texts])
+    for threads in (1, 2, 3):  # 3 does not divide K=5: the last chunk is padded
+        got = evaluate_batch_threaded(programs, POINTS, 0.3, threads=threads, row_tile=8)
+        assert got.shape == (len(texts), ROWS)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    with pytest.raises(ValueError, match="stacked"):
+        evaluate_batch_threaded(compile_expr(parse("g1")), POINTS, 0.3)
+
+
+def test_power_constant_exponent_paths_keep_the_rules():
+    # constant exponents 2, 3, 0.5 take the multiply / sqrt path; a per-row exponent the general one
+    g1 = np.array([-2.0, -0.0, 0.0, 0.25, 3.0, 1e20, -1.5, 7.0], np.float32)
+    g2 = np.array([2.0, 0.5, -1.0, 0.5, 3.0, 2.0, 0.5, 0.5], np.float32)
+    prims = np.stack([g1, g2, g1, g1], axis=1)
+    with np.errstate(all="ignore"):
+        pw = np.power(g1.astype(np.float64), g2.astype(np.float64))
+        cases = {
+            "g1**2": g1.astype(np.float64) ** 2,
+            "g1**3": g1.astype(np.float64) ** 3,
+            "g1**0.5": np.where(g1 < 0, np.nan, np.sqrt(np.abs(g1.astype(np.float64)))),
+            "g1**g2": np.where(((g1 < 0) & (np.floor(g2) != g2)) | ((g1 == 0) & (g2 < 0)), np.nan, pw),
+        }
+    for text, expected in cases.items():
+        expected = np.where(np.abs(expected) > np.finfo(np.float32).max, np.nan, expected)
+        # the parser wants constant exponents; a tree built by hand may have any
+        expr = Binary("**", Prim(0, "g1"), Prim(1, "g2")) if text == "g1**g2" else parse(text)
+        got = np.asarray(_jit_evaluate(compile_expr(expr), prims, 0.0))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected), err_msg=text)
+        np.testing.assert_allclose(got, expected, rtol=3e-7, equal_nan=True, err_msg=text)
+    root = np.asarray(_jit_evaluate(compile_expr(parse("g1**0.5")), prims, 0.0))
+    assert not np.signbit(root[1])  # (-0.0) ** 0.5 is +0.0, as pow gives

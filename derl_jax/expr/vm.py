@@ -30,6 +30,8 @@ NaN on its probe points.
 from __future__ import annotations
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Union
 
 import jax
@@ -80,6 +82,28 @@ def power(a, b, xp=jnp):
     return xp.where(bad, xp.nan, xp.power(safe_a, b))
 
 
+def power_uniform_fast(a, b):
+    """`power` for the VM's jnp path: f32[N], f32[N] -> f32[N], same rules, cheaper when b is one constant.
+
+    General `pow` is by far the most expensive instruction on CPU (a transcendental per row).
+    Exponents are nearly always constants (2, 3, 0.5), i.e. the same on every row, so a
+    `lax.cond` on that checks once per instruction and then squares, cubes or takes the square
+    root (correctly rounded, so within float32 rounding of `pow`); any other exponent takes the
+    general path. Under `vmap` the cond becomes a select and both sides run (still correct).
+    """
+    first = b[0]
+    uniform = jnp.all(b == first)
+    kind = jnp.where(first == 2, 0, jnp.where(first == 3, 1, jnp.where(first == 0.5, 2, 3)))
+    kind = jnp.where(uniform, kind, 3)
+    cases = [
+        lambda a, b: a * a,  # NaN in, NaN out: no rule applies to an even integer exponent
+        lambda a, b: a * a * a,
+        lambda a, b: jnp.where(a < 0, jnp.nan, jnp.sqrt(jnp.abs(a))).astype(a.dtype),  # abs: (-0.0) ** 0.5 = +0.0
+        power,
+    ]
+    return lax.switch(kind, cases, a, b)
+
+
 def minimum(a, b, xp=jnp):
     return xp.where(xp.isnan(a) | xp.isnan(b), xp.nan, xp.minimum(a, b))
 
@@ -118,7 +142,7 @@ def _read(stack, position):
     return lax.dynamic_index_in_dim(stack, jnp.maximum(position, 0), 0, keepdims=False)
 
 
-_BINARY_FNS = {ADD: jnp.add, SUB: jnp.subtract, MUL: jnp.multiply, DIV: div, POW: power, MIN: minimum, MAX: maximum}
+_BINARY_FNS = {ADD: jnp.add, SUB: jnp.subtract, MUL: jnp.multiply, DIV: div, POW: power_uniform_fast, MIN: minimum, MAX: maximum}
 _BINARY_FIRST, _BINARY_LAST = ADD, MAX  # the binary opcodes are contiguous
 NUM_BRANCHES = NUM_OPCODES + len(_BINARY_FNS)  # + the binary opcodes with swapped operands
 
@@ -173,6 +197,35 @@ def _branches(prims_t, progress):
     return [lambda stack, sp, arg, f=table[i]: finite_or_nan(f(stack, sp, arg)) for i in range(NUM_BRANCHES)]
 
 
+def _decode(program: Program):
+    """Per-instruction scalars, computed once per program (vectorised over its L instructions).
+
+    -> (branch i32[L], sp i32[L] = stack depth before the instruction, write i32[L] = slot the
+    result goes to, args f32[L], size i32[]). Knowing every depth up front (a cumulative sum
+    of the stack deltas) keeps the loop body free of bookkeeping and lets the row tiles of one
+    program share the decoding.
+    """
+    ops = jnp.clip(jnp.asarray(program.ops, jnp.int32), 0, NUM_OPCODES - 1)
+    args = jnp.asarray(program.args, jnp.float32)
+    after = jnp.cumsum(jnp.asarray(_DELTA)[ops])
+    before = after - jnp.asarray(_DELTA)[ops]
+    write = jnp.clip(after - 1, 0, STACK_SIZE - 1)
+    return _branch_index(ops, args), before, write, args, jnp.asarray(program.size, jnp.int32)
+
+
+def _run_decoded(decoded, prims_t: jax.Array, progress) -> jax.Array:
+    """A decoded program on transposed prims f32[P, N] -> f32[N]: the VM loop itself."""
+    branch, before, write, args, size = decoded
+    branches = _branches(prims_t, jnp.asarray(progress, jnp.float32))
+
+    def body(i, stack):
+        value = lax.switch(branch[i], branches, stack, before[i], args[i])
+        return lax.dynamic_update_index_in_dim(stack, value, write[i], 0)
+
+    stack = jnp.zeros((STACK_SIZE, prims_t.shape[1]), jnp.float32)
+    return lax.fori_loop(0, size, body, stack)[0]
+
+
 def evaluate(program: Program, prims: jax.Array, progress) -> jax.Array:
     """Run one program: prims f32[N, P], progress f32[] -> rewards f32[N] (finite or NaN).
 
@@ -183,24 +236,7 @@ def evaluate(program: Program, prims: jax.Array, progress) -> jax.Array:
     (under vmap the switch turns into a select over every branch).
     """
     prims_t = jnp.asarray(prims, jnp.float32).T  # [P, N]
-    n = prims_t.shape[1]
-    ops = jnp.clip(jnp.asarray(program.ops, jnp.int32), 0, NUM_OPCODES - 1)
-    args = jnp.asarray(program.args, jnp.float32)
-    size = jnp.asarray(program.size, jnp.int32)
-    branches = _branches(prims_t, jnp.asarray(progress, jnp.float32))
-    delta = jnp.asarray(_DELTA)
-
-    def body(i, carry):
-        stack, sp = carry
-        op, arg = ops[i], args[i]
-        value = lax.switch(_branch_index(op, arg), branches, stack, sp, arg)
-        new_sp = sp + delta[op]
-        stack = lax.dynamic_update_index_in_dim(stack, value, jnp.clip(new_sp - 1, 0, STACK_SIZE - 1), 0)
-        return stack, new_sp
-
-    stack = jnp.zeros((STACK_SIZE, n), jnp.float32)
-    stack, _ = lax.fori_loop(0, size, body, (stack, jnp.int32(0)))
-    return stack[0]
+    return _run_decoded(_decode(program), prims_t, progress)
 
 
 @functools.partial(jax.jit, static_argnames=("batch_size", "row_tile"))
@@ -214,18 +250,50 @@ def evaluate_batch(
     chunks of b programs (every branch is computed and selected): the choice for
     accelerators, where the K axis is parallel. `row_tile=t` (t divides N) additionally runs
     each program over row tiles of t rows, which keeps the stack in cache on CPU
-    (t = 8192 is a good start).
+    (t = 4096..8192 is a good start).
     """
-    prims = jnp.asarray(prims, jnp.float32)
-    n, p = prims.shape
+    prims_t = jnp.asarray(prims, jnp.float32).T  # [P, N], transposed once for all programs
+    p, n = prims_t.shape
     if row_tile is None or row_tile >= n:
-        run = lambda program: evaluate(program, prims, progress)  # noqa: E731
+        run = lambda program: _run_decoded(_decode(program), prims_t, progress)  # noqa: E731
     else:
         if n % row_tile:
             raise ValueError(f"row_tile={row_tile} does not divide N={n}")
-        tiles = prims.reshape(n // row_tile, row_tile, p)
-        run = lambda program: lax.map(lambda rows: evaluate(program, rows, progress), tiles).reshape(n)  # noqa: E731
+        tiles = prims_t.reshape(p, n // row_tile, row_tile).transpose(1, 0, 2)  # [tiles, P, t]
+
+        def run(program):
+            decoded = _decode(program)
+            return lax.map(lambda tile: _run_decoded(decoded, tile, progress), tiles).reshape(n)
+
     return lax.map(run, programs, batch_size=batch_size)
+
+
+def evaluate_batch_threaded(
+    programs: Program, prims, progress, *, row_tile: int | None = None, threads: int | None = None
+) -> np.ndarray:
+    """`evaluate_batch` split over host threads: Program[K], f32[N, P] -> host f32[K, N].
+
+    XLA:CPU runs a while loop on one core, so on a multi-core host the K programs are cut
+    into `threads` equal chunks (the last one padded by repeating a program, so every chunk
+    has the same shape and one compilation serves all), each evaluated by `evaluate_batch`
+    from its own thread; JAX releases the GIL while a computation runs. `threads=None` uses
+    every CPU. Not jit-able (it is the host-side driver); the values equal `evaluate_batch`'s.
+    """
+    ops = np.asarray(programs.ops)
+    if ops.ndim != 2:
+        raise ValueError(f"evaluate_batch_threaded: programs must be stacked Program[K], got ops of shape {ops.shape}")
+    k = ops.shape[0]
+    threads = max(1, min(threads or os.cpu_count() or 1, k))
+    chunk = -(-k // threads)
+    rows = np.minimum(np.arange(chunk * threads), k - 1).reshape(threads, chunk)
+    prims = jnp.asarray(prims, jnp.float32)
+    progress = jnp.asarray(progress, jnp.float32)
+    parts = [jax.tree.map(lambda a, r=r: jnp.asarray(np.asarray(a)[r]), programs) for r in rows]
+    if threads == 1:
+        return np.asarray(evaluate_batch(parts[0], prims, progress, row_tile=row_tile))[:k]
+    with ThreadPoolExecutor(threads) as pool:
+        outs = list(pool.map(lambda part: np.asarray(evaluate_batch(part, prims, progress, row_tile=row_tile)), parts))
+    return np.concatenate(outs)[:k]
 
 
 # ----------------------------------------------------------------------------- NumPy path
