@@ -1,0 +1,805 @@
+"""The GRPO inner loop for domains whose primitives run on the host (GSM8K / MATH).
+
+    evaluator = make_host_evaluator(domain, graphdef, cfg, mesh=mesh)
+    results = evaluator.evaluate_candidates(programs, init_params, key, inner_train, validation)
+    params, curves = evaluator.train_final(program, init_params, key, train)
+    accuracy = evaluator.accuracy(params, test)          # greedy pass@1 via `correct`
+
+It follows the evaluator contract of `derl_jax.meta.search.CandidateEvaluator`.
+
+One inner step of one candidate (B = prompts_per_step prompts x G samples = N rollouts,
+T = max_new_tokens, P primitives):
+  1. device  `PolicyFunctions.sample`: prefill + fixed-length scan decode (jit); each
+             completion is cut after its first stop token (eos or `<|endoftext|>`).
+  2. host    tokens -> text, host primitives -> prims f32[N, P] (`HostPrimitiveRunner`
+             threads; answer equivalence in the `AnswerChecker` worker processes).
+  3. device  `PolicyFunctions.update` (one jit, params and optimizer state donated):
+             rewards = `derl_jax.expr.evaluate(program, prims, u)` (the jnp VM, u = t/(steps-1)),
+             non-finite rewards -> 0, group advantages, GRPO epochs x minibatches. The old
+             log-probs are the sampler's temperature-1 log-probs; the KL reference
+             (k1/k2/k3, `inner.kl`) is the policy the run started from.
+
+What overlaps what (JAX dispatch is asynchronous, so the host runs ahead of the device):
+  * Candidates in flight (`inner.chunk_size`; 0 = all K of a call). The K candidates of an
+    `evaluate_candidates` call are trained in waves of that many, interleaved step by step:
+    at step t the sampling of every candidate of the wave is dispatched first, then the host
+    decodes and scores candidate k while the device samples candidates k+1.. and updates
+    k-1. With one candidate in flight only the reference log-probs (dispatched before the
+    host work) overlap the host primitives. The next sampling of the *same* candidate never
+    overlaps its own scoring: it needs the updated policy (the loop stays on-policy).
+  * Greedy evaluation: batch i+1 (of any candidate) is sampled while batch i is decoded,
+    and the answer checks run in a background thread.
+  Host share: `host_seconds` is the time the host thread spends decoding and running
+  primitives (not waiting for the device), `wall_seconds` the wall time; per call in
+  `evaluator.last_report` (`reports` keeps all), per step in the curves `host_seconds`,
+  `step_seconds` and `host_share` (cumulative share of the wave's wall time).
+
+Compute budget (paper Appendix H): an inner run stops once its cumulative number of
+generated tokens (completion tokens up to and including the stop token) exceeds
+`budget_factor` x the cost of outcome-only training on the same config; the policy after
+the last finished step is kept ("the last checkpoint"), the remaining steps of its curves
+repeat the last values with `trained` = 0, and a warning names the run. The outcome-only
+cost (`inner.budget_reference`):
+  * "base_lengths" (default, free): steps x N x the mean completion length of the starting
+    policy on the first batch, measured at step 0 of the call's first candidate (identical
+    for every candidate: same policy, prompts and key). It is what outcome-only training
+    would cost if lengths stayed where they start.
+  * "outcome_run": measured once per (mode, starting policy, data) by actually training the
+    outcome-only reward (one extra inner run, cached).
+  * `inner.budget_tokens` > 0 gives the outcome-only token count directly.
+`budget_factor` <= 0 disables the budget. `inner.time_limit_s` > 0 also stops a wave after
+that many seconds (the paper's 3.5-hour limit). The sampler itself always decodes T steps;
+the budget counts the tokens a length-aware engine would have generated, as the paper does.
+
+Devices: the mesh has axes (cand, data, model). It is cut into `cand` slices, each a
+('data', 'model') mesh with its own compiled functions; candidate j of a wave trains on
+slice j mod cand, so a wave of `cand` candidates trains them side by side on disjoint
+devices. Inside a slice, params follow the transformer's sharding metadata over 'model'
+(tensor parallel: heads, MLP width, vocabulary; dimensions that do not divide stay
+replicated) and rollouts are split over 'data'. The same code runs on one CPU device, fake
+CPU devices, a GPU, or several hosts after `maybe_initialize_distributed()`; with several
+processes every process runs the same loop on the same data, arrays read back to the host
+are gathered to every process, and `mesh.cand` must be 1.
+
+Randomness: every candidate of a call sees the same prompt order and step keys (common
+random numbers), so candidates differ by their rewards only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from derl_jax.domains.base import TokenDataset
+from derl_jax.expr.parse import parse
+from derl_jax.expr.program import Program, compile_expr
+from derl_jax.expr.vm import evaluate
+from derl_jax.meta.search import CandidateResults
+from derl_jax.models import sampling
+from derl_jax.models import transformer as tr
+from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh
+from derl_jax.rl.grpo import GRPOConfig, group_advantages, grpo_update, make_optimizer, sanitize_rewards
+from primitives.math import HostPrimitiveRunner
+
+BUDGET_REFERENCES = ("base_lengths", "outcome_run")
+STOP_BUDGET, STOP_TIME = "budget", "time_limit"
+_log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInnerConfig:
+    """Sizes and switches of the host-primitive inner loop (module docstring).
+
+    steps / final_steps: GRPO steps of a search candidate / of the final policy.
+    prompts_per_step: B; grpo.group_size: G; max_new_tokens: T.
+    candidates_in_flight: candidates trained interleaved (0: all of a call).
+    eval_batch_size: prompts per greedy evaluation batch (the last batch is padded).
+    budget_factor, budget_reference, budget_tokens, time_limit_s: the compute budget.
+    host_workers: threads of the host primitive runner.
+    return_params: stack the K trained policies on the host in `CandidateResults.params`
+      (needed by population strategies; False saves host memory, params is then None).
+    """
+
+    steps: int
+    final_steps: int
+    prompts_per_step: int
+    max_new_tokens: int
+    grpo: GRPOConfig
+    temperature: float = 1.0
+    top_k: int = 0
+    candidates_in_flight: int = 0
+    eval_batch_size: int = 16
+    budget_factor: float = 1.3
+    budget_reference: str = "base_lengths"
+    budget_tokens: int = 0
+    time_limit_s: float = 0.0
+    host_workers: int = 4
+    return_params: bool = True
+
+    def __post_init__(self):
+        def positive(name, minimum=1):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+                raise ValueError(f"HostInnerConfig.{name} must be an integer >= {minimum}, got {value!r}")
+
+        for name in ("steps", "final_steps", "prompts_per_step", "eval_batch_size", "host_workers"):
+            positive(name)
+        positive("max_new_tokens", 1)
+        positive("top_k", 0)
+        positive("candidates_in_flight", 0)
+        positive("budget_tokens", 0)
+        if not self.temperature > 0:
+            raise ValueError(f"HostInnerConfig.temperature must be > 0, got {self.temperature!r}")
+        if self.budget_reference not in BUDGET_REFERENCES:
+            raise ValueError(f"HostInnerConfig.budget_reference must be one of {BUDGET_REFERENCES}, got {self.budget_reference!r}")
+        if not math.isfinite(self.budget_factor) or not math.isfinite(self.time_limit_s) or self.time_limit_s < 0:
+            raise ValueError(
+                f"HostInnerConfig: budget_factor must be finite and time_limit_s finite and >= 0, got "
+                f"{self.budget_factor!r} and {self.time_limit_s!r}")
+        if self.grpo.group_size < 2:
+            raise ValueError(f"HostInnerConfig.grpo.group_size must be >= 2 for group advantages, got {self.grpo.group_size}")
+        if self.rollouts_per_step % self.grpo.minibatches:
+            raise ValueError(
+                f"HostInnerConfig.grpo.minibatches={self.grpo.minibatches} must divide the {self.rollouts_per_step} "
+                f"rollouts per step (prompts_per_step {self.prompts_per_step} x group_size {self.grpo.group_size})")
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """N = B x G."""
+        return self.prompts_per_step * self.grpo.group_size
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "HostInnerConfig":
+        """From a run config: `inner.*`, `final.steps`, `domain.max_new_tokens`."""
+        inner = cfg.inner
+        max_grad_norm = float(inner.max_grad_norm)
+        grpo = GRPOConfig(
+            group_size=int(inner.group_size), normalize_std=bool(inner.normalize_std),
+            eps_low=float(inner.clip_low), eps_high=float(inner.clip_high), kl_coef=float(inner.kl),
+            kl_kind=str(inner.kl_kind), loss_agg=str(inner.loss_agg), epochs=int(inner.epochs),
+            minibatches=int(inner.minibatches), max_grad_norm=max_grad_norm if max_grad_norm > 0 else None,
+            learning_rate=float(inner.lr), optimizer="adamw", weight_decay=float(inner.weight_decay),
+            warmup_steps=int(inner.warmup_steps),
+        )
+        return cls(
+            steps=int(inner.steps), final_steps=int(cfg.final.steps), prompts_per_step=int(inner.prompts_per_step),
+            max_new_tokens=int(cfg.domain.max_new_tokens), grpo=grpo, temperature=float(inner.temperature),
+            top_k=int(inner.top_k), candidates_in_flight=int(inner.chunk_size), eval_batch_size=int(inner.eval_batch_size),
+            budget_factor=float(inner.budget_factor), budget_reference=str(inner.budget_reference),
+            budget_tokens=int(inner.budget_tokens), time_limit_s=float(inner.time_limit_s),
+            host_workers=int(inner.host_workers), return_params=bool(inner.return_params),
+        )
+
+
+# --------------------------------------------------------------------------- device functions
+
+
+@struct.dataclass
+class Rollouts:
+    """A batch of sampled completions (N rows).
+
+    prompts i32[N, Tp], prompt_mask bool[N, Tp]: the left-padded prompts;
+    completions i32[N, T] (pad after the stop token); mask bool[N, T] True up to and
+    including the first stop token; logprobs f32[N, T] temperature-1 policy log-probs of the
+    completion tokens (0 where masked); lengths i32[N].
+    """
+
+    prompts: jax.Array
+    prompt_mask: jax.Array
+    completions: jax.Array
+    mask: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+
+
+def cut_at_stops(tokens: jax.Array, mask: jax.Array, stop_ids: Sequence[int]) -> jax.Array:
+    """bool[N, T]: `mask` with every position after the first stop token of a row cleared."""
+    is_stop = jnp.isin(tokens, jnp.asarray(tuple(stop_ids), jnp.int32)) & mask
+    stops_before = jnp.cumsum(is_stop.astype(jnp.int32), axis=1) - is_stop.astype(jnp.int32)
+    return mask & (stops_before == 0)
+
+
+def sample_rollouts(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
+                    key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int, stop_ids: tuple[int, ...],
+                    temperature: float, top_k: int, greedy: bool) -> Rollouts:
+    """Sample (or greedily decode) completions of `prompts` i32[N, Tp]; cut at stop tokens."""
+    out = sampling.sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                          pad_id=pad_id, temperature=temperature, top_k=top_k, greedy=greedy)
+    mask = cut_at_stops(out.tokens, out.mask, stop_ids)
+    return Rollouts(prompts=prompts, prompt_mask=prompt_mask, completions=jnp.where(mask, out.tokens, pad_id),
+                    mask=mask, logprobs=jnp.where(mask, out.logprobs, 0.0),
+                    lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
+
+
+def completion_logprobs(graphdef: nnx.GraphDef, params: nnx.State, rollouts: Rollouts) -> jax.Array:
+    """f32[N, T]: teacher-forced temperature-1 log-probs of the completion tokens under `params`."""
+    logp, _ = sampling.sequence_logprobs(graphdef, params, rollouts.prompts, rollouts.prompt_mask,
+                                         rollouts.completions, rollouts.mask)
+    return logp
+
+
+def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, params: nnx.State, opt_state: Any,
+                      program: Program, prims: jax.Array, progress: jax.Array, rollouts: Rollouts,
+                      ref_logp: jax.Array | None, key: jax.Array) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+    """Rewards of `program` on prims f32[N, P] at progress u, group advantages, one GRPO update.
+
+    Returns (params, opt_state, metrics: the GRPO metrics plus reward_mean, reward_std,
+    nonfinite_rewards).
+    """
+    rewards, nonfinite = sanitize_rewards(evaluate(program, prims, progress))
+    advantages = group_advantages(rewards, grpo.group_size, normalize_std=grpo.normalize_std)
+    batch = {"prompts": rollouts.prompts, "prompt_mask": rollouts.prompt_mask, "completions": rollouts.completions,
+             "mask": rollouts.mask, "old_logp": rollouts.logprobs, "advantages": advantages}
+    if ref_logp is not None:
+        batch["ref_logp"] = ref_logp
+
+    def logprob_fn(p, rows):
+        return sampling.sequence_logprobs(graphdef, p, rows["prompts"], rows["prompt_mask"], rows["completions"],
+                                          rows["mask"])
+
+    params, opt_state, metrics = grpo_update(params, opt_state, batch, key, logprob_fn, optimizer, grpo)
+    metrics = dict(metrics, reward_mean=jnp.mean(rewards), reward_std=jnp.std(rewards),
+                   nonfinite_rewards=nonfinite.astype(jnp.float32))
+    return params, opt_state, metrics
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """A device array as NumPy on this process (gathered from every process when needed)."""
+    if not isinstance(array, jax.Array) or array.is_fully_addressable:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def _put(value: Any, sharding: NamedSharding) -> jax.Array:
+    if jax.process_count() == 1 or (isinstance(value, jax.Array) and not value.is_fully_addressable):
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def canonical_sharding(sharding: NamedSharding) -> NamedSharding:
+    """The same placement with trailing replicated dimensions dropped from the spec (P(None,) -> P()),
+    the form jitted functions return, so that placed inputs and outputs hit one compiled version."""
+    spec = list(sharding.spec)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
+    """`params` (host or device arrays) on `mesh` by the transformer's sharding metadata."""
+    return jax.tree.map(lambda leaf, sharding: _put(leaf, canonical_sharding(sharding)), params,
+                        tr.param_shardings(params, mesh))
+
+
+class PolicyFunctions:
+    """Jitted sampling, reference log-probs and GRPO update of a policy on one ('data', 'model') mesh."""
+
+    def __init__(self, graphdef: nnx.GraphDef, mesh: Mesh, *, max_new_tokens: int, temperature: float, top_k: int,
+                 grpo: GRPOConfig, eos_id: int, pad_id: int, stop_ids: Sequence[int]):
+        missing = {DATA_AXIS, MODEL_AXIS} - set(mesh.axis_names)
+        if missing:
+            raise ValueError(f"PolicyFunctions: the mesh needs axes 'data' and 'model', has {mesh.axis_names}")
+        self.mesh = mesh
+        self.optimizer = make_optimizer(grpo)
+        decode = dict(max_new_tokens=int(max_new_tokens), eos_id=int(eos_id), pad_id=int(pad_id),
+                      stop_ids=tuple(int(s) for s in stop_ids), top_k=int(top_k))
+        self._sample = jax.jit(functools.partial(sample_rollouts, graphdef, temperature=float(temperature),
+                                                 greedy=False, **decode))
+        self._greedy = jax.jit(functools.partial(sample_rollouts, graphdef, temperature=1.0, greedy=True, **decode))
+        self._reference = jax.jit(functools.partial(completion_logprobs, graphdef))
+        self._update_fn = functools.partial(reward_and_update, graphdef, self.optimizer, grpo)
+        self._updates: dict[tuple, Any] = {}
+        self._optimizer_inits: dict[tuple, Any] = {}
+
+    @property
+    def data_size(self) -> int:
+        return int(self.mesh.shape[DATA_AXIS])
+
+    def place(self, params: nnx.State) -> nnx.State:
+        return place_params(params, self.mesh)
+
+    def rows(self, array: np.ndarray) -> jax.Array:
+        """A host array [N, ...] on the mesh, rows over 'data' (replicated when 'data' does not divide N)."""
+        array = np.asarray(array)
+        spec = [None] * array.ndim
+        if array.ndim and array.shape[0] % self.data_size == 0:
+            spec[0] = DATA_AXIS
+        return _put(array, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+    def sample(self, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array,
+               greedy: bool = False) -> Rollouts:
+        return (self._greedy if greedy else self._sample)(params, prompts, prompt_mask, key)
+
+    def reference_logprobs(self, ref_params: nnx.State, rollouts: Rollouts) -> jax.Array:
+        return self._reference(ref_params, rollouts)
+
+    def init_optimizer(self, params: nnx.State) -> Any:
+        """Optimizer state of `params`, created in place: moments sharded like their parameters,
+        everything else (step counts) replicated on the mesh."""
+        param_shardings = jax.tree.map(lambda x: x.sharding, params)
+        signature = tuple(jax.tree.leaves(param_shardings))
+        if signature not in self._optimizer_inits:
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            state_shardings = optax.tree_map_params(
+                self.optimizer, lambda _, sharding: sharding, jax.eval_shape(self.optimizer.init, params), param_shardings,
+                transform_non_params=lambda _: replicated)
+            self._optimizer_inits[signature] = jax.jit(self.optimizer.init, out_shardings=state_shardings)
+        return self._optimizer_inits[signature](params)
+
+    def update(self, params, opt_state, program: Program, prims: np.ndarray, progress: float, rollouts: Rollouts,
+               ref_logp: jax.Array | None, key: jax.Array):
+        """(params, opt_state, metrics) after one GRPO update; params and opt_state are donated and
+        come back with the shardings they went in with (one compiled version per placement)."""
+        shardings = (jax.tree.map(lambda x: x.sharding, params), jax.tree.map(lambda x: x.sharding, opt_state))
+        signature = tuple(jax.tree.leaves(shardings))
+        if signature not in self._updates:
+            self._updates[signature] = jax.jit(self._update_fn, donate_argnums=(0, 1), out_shardings=(*shardings, None))
+        return self._updates[signature](params, opt_state, program, self.rows(np.asarray(prims, np.float32)),
+                                        jnp.float32(progress), rollouts, ref_logp, key)
+
+
+@functools.lru_cache(maxsize=16)
+def shared_policy_functions(graphdef: nnx.GraphDef, mesh: Mesh, *, max_new_tokens: int, temperature: float,
+                            top_k: int, grpo: GRPOConfig, eos_id: int, pad_id: int,
+                            stop_ids: tuple[int, ...]) -> PolicyFunctions:
+    """One `PolicyFunctions` per distinct setting, so evaluators that differ only in budgets,
+    step counts or batch schedules share their compiled functions."""
+    return PolicyFunctions(graphdef, mesh, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                           grpo=grpo, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids)
+
+
+def candidate_slices(mesh: Mesh) -> list[Mesh]:
+    """The ('data', 'model') sub-mesh of every index of the 'cand' axis."""
+    for axis in (CAND_AXIS, DATA_AXIS, MODEL_AXIS):
+        if axis not in mesh.axis_names:
+            raise ValueError(f"candidate_slices: the mesh needs axes {(CAND_AXIS, DATA_AXIS, MODEL_AXIS)}, has {mesh.axis_names}")
+    devices = np.asarray(mesh.devices).transpose([mesh.axis_names.index(a) for a in (CAND_AXIS, DATA_AXIS, MODEL_AXIS)])
+    axis_types = (AxisType.Auto, AxisType.Auto)
+    return [Mesh(devices[i], (DATA_AXIS, MODEL_AXIS), axis_types=axis_types) for i in range(devices.shape[0])]
+
+
+# --------------------------------------------------------------------------- host helpers
+
+
+def key_seed(key: jax.Array) -> list[int]:
+    """The uint32 words of a PRNG key (typed or raw), as a NumPy seed."""
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return [int(v) for v in np.asarray(data).reshape(-1)]
+
+
+def batch_schedule(key: jax.Array, num_rows: int, batch_size: int, steps: int) -> np.ndarray:
+    """i64[steps, batch_size]: rows of each step, consecutive epochs of fresh permutations."""
+    if num_rows < 1:
+        raise ValueError("batch_schedule: the training split is empty")
+    rng = np.random.default_rng(key_seed(key))
+    epochs = -(-steps * batch_size // num_rows)
+    order = np.concatenate([rng.permutation(num_rows) for _ in range(epochs)])
+    return order[: steps * batch_size].reshape(steps, batch_size)
+
+
+def trim_to_bucket(prompts: np.ndarray, mask: np.ndarray, bucket_sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded (prompts, mask) [N, Tp] cut to the smallest bucket that holds every row's tokens."""
+    width = prompts.shape[1]
+    longest = int(mask.sum(axis=1).max()) if mask.size else 0
+    fitting = [b for b in sorted(bucket_sizes) if longest <= b <= width]
+    keep = fitting[0] if fitting else width
+    if mask[:, : width - keep].any():
+        raise ValueError("trim_to_bucket: prompts are not left padded (real tokens before the kept columns)")
+    return prompts[:, width - keep:], mask[:, width - keep:]
+
+
+class HostSplit:
+    """One TokenDataset on the host: prompts, masks and the primitive contexts of every row."""
+
+    def __init__(self, dataset: TokenDataset, domain: Any):
+        self.prompts = np.asarray(jax.device_get(dataset.prompts), np.int32)
+        self.mask = np.asarray(jax.device_get(dataset.prompt_mask), bool)
+        self.contexts = domain.contexts(dataset)
+        self.size = int(self.prompts.shape[0])
+        if self.size == 0:
+            raise ValueError("host inner loop: a dataset split is empty")
+
+    def batch(self, rows: np.ndarray, repeat: int, bucket_sizes: Sequence[int]):
+        """(prompts i32[R*repeat, Tb], mask, contexts): each row repeated `repeat` times, adjacent."""
+        rows = np.repeat(np.asarray(rows), repeat)
+        prompts, mask = trim_to_bucket(self.prompts[rows], self.mask[rows], bucket_sizes)
+        return prompts, mask, [self.contexts[r] for r in rows]
+
+
+def unstack_programs(programs: Program) -> list[Program]:
+    """Program[K] -> K programs (host arrays)."""
+    ops, args, sizes = np.asarray(programs.ops), np.asarray(programs.args), np.asarray(programs.size)
+    if ops.ndim != 2:
+        raise ValueError(f"evaluate_candidates: programs must be stacked Program[K], got ops of shape {ops.shape}")
+    return [Program(ops=ops[k], args=args[k], size=sizes[k]) for k in range(ops.shape[0])]
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerRunReport:
+    """One inner training: how far it ran and why it stopped (None: all steps)."""
+
+    candidate: int
+    steps_run: int
+    steps_planned: int
+    stop_reason: str | None
+    generated_tokens: int
+    budget_tokens: float | None
+    host_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerCallReport:
+    """One evaluator call ("search" or "final"): its runs and where the wall time went.
+
+    host_share = (training + evaluation host seconds) / wall seconds.
+    """
+
+    mode: str
+    runs: tuple[InnerRunReport, ...]
+    reference_tokens: float | None
+    train_host_seconds: float
+    eval_host_seconds: float
+    wall_seconds: float
+
+    @property
+    def host_seconds(self) -> float:
+        return self.train_host_seconds + self.eval_host_seconds
+
+    @property
+    def host_share(self) -> float:
+        return self.host_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "host_seconds": self.host_seconds, "host_share": self.host_share}
+
+
+# --------------------------------------------------------------------------- runs
+
+
+class _Budget:
+    """The token cap of one call: factor x reference, the reference known now or after step 0."""
+
+    def __init__(self, factor: float, reference: float | None, steps: int, rollouts: int):
+        self.factor = factor
+        self.reference = reference
+        self.steps = steps
+        self.rollouts = rollouts
+
+    @property
+    def enabled(self) -> bool:
+        return self.factor > 0
+
+    @property
+    def cap(self) -> float | None:
+        return self.factor * self.reference if self.enabled and self.reference is not None else None
+
+    def observe_first_batch(self, lengths: np.ndarray) -> None:
+        """Base-lengths reference: steps x N x mean length of the starting policy's first batch."""
+        if self.enabled and self.reference is None:
+            self.reference = float(self.steps * self.rollouts * np.mean(lengths))
+
+
+@dataclasses.dataclass
+class _Run:
+    """One candidate's training in progress."""
+
+    candidate: int
+    program: Program
+    fns: PolicyFunctions
+    params: Any
+    opt_state: Any
+    ref_params: Any
+    steps_planned: int
+    host_curves: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    device_metrics: list[dict] = dataclasses.field(default_factory=list)
+    tokens: int = 0
+    host_seconds: float = 0.0
+    stop_reason: str | None = None
+
+    @property
+    def steps_run(self) -> int:
+        return len(self.device_metrics)
+
+    def record(self, **values: float) -> None:
+        for name, value in values.items():
+            self.host_curves.setdefault(name, []).append(float(value))
+
+    def curves(self) -> dict[str, np.ndarray]:
+        """name -> f32[steps_planned]; steps after a stop repeat the last value (`trained` = 0)."""
+        fetched = jax.device_get(self.device_metrics)
+        rows = {name: [float(np.asarray(m[name])) for m in fetched] for name in (fetched[0] if fetched else {})}
+        rows.update(self.host_curves)
+        out = {}
+        for name, values in rows.items():
+            values = np.asarray(values, np.float32)
+            pad = self.steps_planned - values.size
+            filler = 0.0 if name in ("trained", "generated_tokens", "host_seconds", "step_seconds") else values[-1]
+            out[name] = np.concatenate([values, np.full(pad, filler, np.float32)]) if pad > 0 else values
+        return out
+
+    def report(self, budget: _Budget) -> InnerRunReport:
+        return InnerRunReport(self.candidate, self.steps_run, self.steps_planned, self.stop_reason, self.tokens,
+                              budget.cap, self.host_seconds)
+
+
+class HostEvaluator:
+    """The inner loop with host primitives, behind the `CandidateEvaluator` contract (module docstring)."""
+
+    def __init__(self, domain: Any, graphdef: nnx.GraphDef, config: HostInnerConfig, mesh: Mesh | None = None):
+        self.domain = domain
+        self.graphdef = graphdef
+        self.config = config
+        self.mesh = mesh if mesh is not None else make_mesh(1, 1, 1, devices=jax.devices()[:1])
+        if jax.process_count() > 1 and self.mesh.shape[CAND_AXIS] > 1:
+            raise ValueError("host inner loop: with several processes config.mesh.cand must be 1")
+        stops = tuple(getattr(domain, "stop_ids", (domain.eos_id,)))
+        self.slices = [
+            shared_policy_functions(graphdef, sub, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                    top_k=config.top_k, grpo=config.grpo, eos_id=int(domain.eos_id),
+                                    pad_id=int(domain.pad_id), stop_ids=tuple(int(s) for s in stops))
+            for sub in candidate_slices(self.mesh)
+        ]
+        self.runner = HostPrimitiveRunner(domain.primitives, num_workers=config.host_workers)
+        self.outcome_runner = HostPrimitiveRunner([domain.primitives[domain.outcome_index]], num_workers=1)
+        self.reports: list[InnerCallReport] = []
+        self._outcome_tokens: list[tuple[Any, Any, str, int, float]] = []
+
+    @property
+    def last_report(self) -> InnerCallReport | None:
+        return self.reports[-1] if self.reports else None
+
+    def place(self, params: nnx.State) -> nnx.State:
+        """`params` on the first candidate slice of the mesh (how base policies are kept)."""
+        return self.slices[0].place(params)
+
+    # ------------------------------------------------------------------ contract
+
+    def evaluate_candidates(self, programs: Program, init_params: Any, key: jax.Array, train_set: TokenDataset,
+                            val_set: TokenDataset) -> CandidateResults:
+        """Train one policy per program of Program[K] from `init_params` on `train_set` for
+        `steps`; score each by greedy pass@1 on `val_set` -> CandidateResults (scores f32[K],
+        curves name -> f32[K, steps], params stacked on the host or None)."""
+        started = time.perf_counter()
+        program_list = unstack_programs(programs)
+        train, validation = HostSplit(train_set, self.domain), HostSplit(val_set, self.domain)
+        budget = self._budget("search", self.config.steps, init_params, key, train_set, train)
+        in_flight = self.config.candidates_in_flight or len(program_list)
+        scores, curves, kept, runs_done, eval_host = [], [], [], [], 0.0
+        for start in range(0, len(program_list), in_flight):
+            indices = range(start, min(start + in_flight, len(program_list)))
+            runs = self._train_wave(indices, [program_list[k] for k in indices], init_params, key, train,
+                                    self.config.steps, budget)
+            accuracies, spent = self._greedy_accuracies([(r.fns, r.params) for r in runs], validation)
+            eval_host += spent
+            for run, accuracy in zip(runs, accuracies):
+                scores.append(accuracy)
+                curves.append(run.curves())
+                if self.config.return_params:
+                    kept.append(jax.tree.map(to_host, run.params))
+                runs_done.append(run)
+                run.params = run.opt_state = run.ref_params = None
+        self._finish_report("search", runs_done, budget, eval_host, started)
+        names = sorted(set().union(*curves))
+        stacked = {name: np.stack([c.get(name, np.full(self.config.steps, np.nan, np.float32)) for c in curves])
+                   for name in names}
+        params = jax.tree.map(lambda *leaves: np.stack(leaves), *kept) if kept else None
+        return CandidateResults(scores=np.asarray(scores, np.float32), curves=stacked, params=params)
+
+    def train_final(self, program: Program, init_params: Any, key: jax.Array,
+                    train_set: TokenDataset) -> tuple[Any, dict[str, np.ndarray]]:
+        """A fresh policy trained with one program for `final_steps` -> (params on the mesh, curves name -> f32[steps])."""
+        started = time.perf_counter()
+        program = Program(ops=np.asarray(program.ops), args=np.asarray(program.args), size=np.asarray(program.size))
+        if program.ops.ndim != 1:
+            raise ValueError(f"train_final: expected one program, got ops of shape {program.ops.shape}")
+        train = HostSplit(train_set, self.domain)
+        budget = self._budget("final", self.config.final_steps, init_params, key, train_set, train)
+        (run,) = self._train_wave([0], [program], init_params, key, train, self.config.final_steps, budget)
+        params = run.params
+        self._finish_report("final", [run], budget, 0.0, started)
+        return params, run.curves()
+
+    def accuracy(self, params: Any, dataset: TokenDataset) -> float:
+        """Greedy pass@1 (the `correct` primitive) of one policy on `dataset`."""
+        fns = self.slices[0]
+        (score,), _ = self._greedy_accuracies([(fns, fns.place(params))], HostSplit(dataset, self.domain))
+        return float(score)
+
+    def greedy_texts(self, params: Any, dataset: TokenDataset) -> list[str]:
+        """The decoded greedy completion of every row of `dataset` (what `accuracy` scores)."""
+        fns = self.slices[0]
+        texts, _ = self._greedy_pass([(fns, fns.place(params))], HostSplit(dataset, self.domain), check=False)
+        return texts[0]
+
+    def close(self) -> None:
+        self.runner.close()
+        self.outcome_runner.close()
+
+    # ------------------------------------------------------------------ training
+
+    def _start_run(self, candidate: int, position: int, program: Program, init_params: Any,
+                   placed: dict[int, Any], steps: int) -> _Run:
+        slice_index = position % len(self.slices)
+        fns = self.slices[slice_index]
+        if slice_index not in placed:
+            placed[slice_index] = fns.place(init_params)
+        reference = placed[slice_index]
+        params = jax.tree.map(lambda x: x.copy(), reference)
+        return _Run(candidate, program, fns, params, fns.init_optimizer(params), reference, steps)
+
+    def _train_wave(self, candidates: Sequence[int], programs: Sequence[Program], init_params: Any, key: jax.Array,
+                    train: HostSplit, steps: int, budget: _Budget) -> list[_Run]:
+        """Train `programs` interleaved step by step (module docstring); returns the finished runs."""
+        placed: dict[int, Any] = {}
+        runs = [self._start_run(c, j, p, init_params, placed, steps) for j, (c, p) in enumerate(zip(candidates, programs))]
+        schedule = batch_schedule(key, train.size, self.config.prompts_per_step, steps)
+        group = self.config.grpo.group_size
+        names = self.domain.primitive_names
+        wave_started = time.perf_counter()
+        wall_total, host_total = 0.0, 0.0
+        for step in range(steps):
+            active = [r for r in runs if r.stop_reason is None]
+            if not active:
+                break
+            step_started = time.perf_counter()
+            prompts, mask, contexts = train.batch(schedule[step], group, self.domain.bucket_sizes)
+            sample_key, update_key = jax.random.split(jax.random.fold_in(key, step))
+            progress = step / max(steps - 1, 1)
+            inputs: dict[int, tuple] = {}
+            rollouts = []
+            for run in active:
+                if id(run.fns) not in inputs:
+                    inputs[id(run.fns)] = (run.fns.rows(prompts), run.fns.rows(mask))
+                rollouts.append(run.fns.sample(run.params, *inputs[id(run.fns)], sample_key))
+            step_host = 0.0
+            for run, rollout in zip(active, rollouts):
+                completions, completion_mask, lengths = (to_host(a) for a in (rollout.completions, rollout.mask, rollout.lengths))
+                ref_logp = run.fns.reference_logprobs(run.ref_params, rollout) if self.config.grpo.kl_coef > 0 else None
+                host_started = time.perf_counter()
+                texts = self.domain.tokenizer.decode_batch(completions, completion_mask)
+                prims = self.runner.run(texts, contexts)
+                spent = time.perf_counter() - host_started
+                run.params, run.opt_state, metrics = run.fns.update(run.params, run.opt_state, run.program, prims,
+                                                                    progress, rollout, ref_logp, update_key)
+                run.device_metrics.append(metrics)
+                if step == 0:
+                    budget.observe_first_batch(lengths)
+                run.tokens += int(lengths.sum())
+                run.host_seconds += spent
+                step_host += spent
+                means = prims.mean(axis=0)
+                run.record(trained=1.0, generated_tokens=float(lengths.sum()), tokens_cumulative=float(run.tokens),
+                           response_length=float(lengths.mean()), host_seconds=spent,
+                           **{f"prim_{name}": means[i] for i, name in enumerate(names)})
+                self._check_budget(run, budget, step)
+            wall = time.perf_counter() - step_started
+            wall_total += wall
+            host_total += step_host
+            for run in active:
+                run.record(step_seconds=wall, host_share=host_total / wall_total if wall_total > 0 else 0.0)
+            self._check_time(active, wave_started, step, steps)
+        return runs
+
+    def _check_budget(self, run: _Run, budget: _Budget, step: int) -> None:
+        cap = budget.cap
+        if cap is not None and run.tokens > cap and run.stop_reason is None and step + 1 < run.steps_planned:
+            run.stop_reason = STOP_BUDGET
+            _log.warning(
+                "inner run of candidate %d stopped by the compute budget after step %d of %d: %d generated tokens "
+                "> %.0f (%.2f x outcome-only %.0f); keeping its policy after step %d",
+                run.candidate, step + 1, run.steps_planned, run.tokens, cap, budget.factor, budget.reference, step + 1)
+
+    def _check_time(self, active: Sequence[_Run], wave_started: float, step: int, steps: int) -> None:
+        limit = self.config.time_limit_s
+        if limit > 0 and time.perf_counter() - wave_started > limit and step + 1 < steps:
+            for run in active:
+                if run.stop_reason is None:
+                    run.stop_reason = STOP_TIME
+                    _log.warning("inner run of candidate %d stopped by the time limit (%.0f s) after step %d of %d",
+                                 run.candidate, limit, step + 1, steps)
+
+    def _budget(self, mode: str, steps: int, init_params: Any, key: jax.Array, dataset: TokenDataset,
+                train: HostSplit) -> _Budget:
+        config = self.config
+        budget = _Budget(config.budget_factor, None, steps, config.rollouts_per_step)
+        if not budget.enabled:
+            return budget
+        if config.budget_tokens > 0:
+            budget.reference = float(config.budget_tokens)
+        elif config.budget_reference == "outcome_run":
+            budget.reference = self._outcome_run_tokens(mode, steps, init_params, key, dataset, train)
+        return budget
+
+    def _outcome_run_tokens(self, mode: str, steps: int, init_params: Any, key: jax.Array, dataset: TokenDataset,
+                            train: HostSplit) -> float:
+        """Generated tokens of one outcome-only training (cached per mode, starting policy and data)."""
+        for params, data, cached_mode, cached_steps, tokens in self._outcome_tokens:
+            if params is init_params and data is dataset and cached_mode == mode and cached_steps == steps:
+                return tokens
+        outcome = f"g{self.domain.outcome_index + 1}"
+        program = compile_expr(parse(outcome, self.domain.primitive_names), num_primitives=len(self.domain.primitives))
+        unbounded = _Budget(0.0, None, steps, self.config.rollouts_per_step)
+        (run,) = self._train_wave([-1], [program], init_params, key, train, steps, unbounded)
+        tokens = float(run.tokens)
+        _log.info("outcome-only reference run (%s, %d steps): %d generated tokens", mode, steps, run.tokens)
+        self._outcome_tokens.append((init_params, dataset, mode, steps, tokens))
+        return tokens
+
+    def _finish_report(self, mode: str, runs: Sequence[_Run], budget: _Budget, eval_host: float, started: float) -> None:
+        report = InnerCallReport(
+            mode=mode, runs=tuple(r.report(budget) for r in runs), reference_tokens=budget.reference,
+            train_host_seconds=float(sum(r.host_seconds for r in runs)), eval_host_seconds=float(eval_host),
+            wall_seconds=time.perf_counter() - started)
+        self.reports.append(report)
+        stopped = [r.candidate for r in report.runs if r.stop_reason]
+        _log.info("inner %s: %d run(s), host share %.1f%% of %.1f s%s", mode, len(runs), 100 * report.host_share,
+                  report.wall_seconds, f", stopped early: {stopped}" if stopped else "")
+
+    # ------------------------------------------------------------------ greedy evaluation
+
+    def _greedy_accuracies(self, jobs: Sequence[tuple[PolicyFunctions, Any]], split: HostSplit) -> tuple[list[float], float]:
+        """(greedy pass@1 of every (functions, params) job on `split`, host seconds spent)."""
+        scores, host = self._greedy_pass(jobs, split, check=True)
+        return [float(np.mean(s)) for s in scores], host
+
+    def _greedy_pass(self, jobs, split: HostSplit, *, check: bool):
+        """Greedy completions of every job on every row of `split`, batch i+1 sampled while
+        batch i is decoded; with `check`, the `correct` scores f32[M] per job, else the texts."""
+        size = self.config.eval_batch_size
+        batches = [np.arange(i, min(i + size, split.size)) for i in range(0, split.size, size)]
+        items = [(j, b) for j in range(len(jobs)) for b in range(len(batches))]
+        key = jax.random.key(0)
+
+        def dispatch(item):
+            j, b = item
+            fns, params = jobs[j]
+            rows = np.concatenate([batches[b], np.full(size - batches[b].size, batches[b][0])])
+            prompts, mask, _ = split.batch(rows, 1, self.domain.bucket_sizes)
+            return fns.sample(params, fns.rows(prompts), fns.rows(mask), key, greedy=True)
+
+        results: list[list[Any]] = [[] for _ in jobs]
+        host = 0.0
+        pending = dispatch(items[0]) if items else None
+        for position, (j, b) in enumerate(items):
+            upcoming = dispatch(items[position + 1]) if position + 1 < len(items) else None
+            real = batches[b].size
+            completions, completion_mask = to_host(pending.completions)[:real], to_host(pending.mask)[:real]
+            host_started = time.perf_counter()
+            texts = self.domain.tokenizer.decode_batch(completions, completion_mask)
+            if check:
+                results[j].append(self.outcome_runner.submit(texts, [split.contexts[r] for r in batches[b]]))
+            else:
+                results[j].extend(texts)
+            host += time.perf_counter() - host_started
+            pending = upcoming
+        if not check:
+            return results, host
+        waited = time.perf_counter()
+        scores = [np.concatenate([f.result()[:, 0] for f in futures]) for futures in results]
+        return scores, host + time.perf_counter() - waited
+
+
+def make_host_evaluator(domain: Any, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh | None = None) -> HostEvaluator:
+    """The host-primitive evaluator of a run config (`inner.*`, `final.steps`, `domain.max_new_tokens`)."""
+    return HostEvaluator(domain, graphdef, HostInnerConfig.from_config(cfg), mesh)
