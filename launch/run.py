@@ -74,10 +74,23 @@ def build_domain(cfg: Any):
 
 def build_components(cfg: Any, workdir: str) -> Components:
     """Domain, base policy and evaluator from the config (the inner loop lives in derl_jax.rl.inner)."""
+    if cfg.domain.kind == "math":
+        from derl_jax.domains.math import build_domain_and_evaluator
+
+        return Components(*build_domain_and_evaluator(cfg, workdir))
     from derl_jax.rl import inner
 
     domain = build_domain(cfg)
     return Components(domain=domain, base_params=inner.base_policy(domain, cfg, workdir), evaluator=inner.make_evaluator(domain, cfg))
+
+
+def validate(cfg: Any) -> None:
+    """Check the config before anything is built; raises `protocol.ConfigError` naming the field."""
+    protocol.validate_config(cfg)
+    if cfg.domain.kind == "math":
+        from derl_jax.domains.math import validate_math_config
+
+        validate_math_config(cfg)
 
 
 def default_workdir(cfg: Any) -> str:
@@ -88,7 +101,7 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
     """Validate `cfg`, build the components and run `mode` in `workdir`; returns the mode's result."""
     if mode not in MODES:
         raise ValueError(f"run: mode must be one of {MODES}, got {mode!r}")
-    protocol.validate_config(cfg)
+    validate(cfg)
     if mode == "final" and expression is None:
         expression = read_search_result(workdir)["incumbent"]["text"]
         if expression is None:
@@ -123,6 +136,10 @@ def _primitive_names_for(cfg: Any) -> tuple[str, ...]:
         from derl_jax.domains.arith import ARITH_PRIMITIVES
 
         return tuple(ARITH_PRIMITIVES)
+    if cfg.domain.kind == "math":
+        from derl_jax.domains.math import resolve_primitives
+
+        return tuple(p.name for p in resolve_primitives(cfg))
     return tuple(build_domain(cfg).primitive_names)
 
 
@@ -134,8 +151,8 @@ def main(argv: list[str]) -> None:
     maybe_initialize_distributed()
     cfg = _CONFIG.value
     try:
-        protocol.validate_config(cfg)
-    except protocol.ConfigError as err:
+        validate(cfg)
+    except ValueError as err:  # protocol.ConfigError and the math domain's MathConfigError
         raise app.UsageError(str(err)) from None
     workdir = _WORKDIR.value or default_workdir(cfg)
     progress = _PROGRESS.value and sys.stderr.isatty()
