@@ -1,0 +1,647 @@
+"""The Meta-Optimizer: a language model that writes reward expressions under the grammar.
+
+    optimizer = MetaOptimizer(cfg, grammar)        # cfg: a run config (reads cfg.meta) or its meta block
+    state = optimizer.init(key)                    # model + cold-start SFT; deterministic in key
+    sample = optimizer.sample(state, key, n)       # n expressions, sample.texts
+    state, metrics = optimizer.update(state, sample, scores)   # GRPO on validation scores f32[n]
+
+Backbones (`cfg.meta.backbone`):
+
+  scratch  a tiny Qwen2-style transformer (`models.transformer`) with random init whose
+           vocabulary IS the grammar's symbol vocabulary; the prompt is `[<bos>]`.
+  hf       a pretrained Hugging Face Qwen2 checkpoint from the local directory `hf_path`
+           (Qwen2.5-0.5B-Instruct in the paper) with its tokenizer (`hf_tokenizer`, default
+           `hf_path`), prompted through the chat template with a fixed instruction that
+           describes g1..gk, `u` and the operators (`meta_prompt`). Each grammar symbol is
+           written as its own token sequence and sampling runs under the token-trie
+           constraint of `derl_jax.meta.hf_constraint`; `<eos>` is the end-of-turn token.
+
+Both backbones share everything else: sampling is one jitted `constrained_decode` under the
+constraint (every sample ends with `<eos>` and its text parses, by the grammar's
+guarantee); all training uses the *constrained* distribution, i.e. the log-softmax over the
+tokens the constraint allows at each step, at the sampling temperature: exactly the
+distribution samples are drawn from. Only the output-embedding rows of the M tokens the
+symbols use are multiplied, in sampling and in training, so a 151,936-token vocabulary
+costs M (a few dozen) logits per position. (The constraint also works with the general
+`models.sampling.sample` over the full vocabulary, which gives the same distribution at
+V / M times the cost.)
+
+Cold start (inside `init`): SFT with Adam on `cold_start_corpus` texts from
+`derl_jax.meta.corpus.cold_start_corpus` (corpus seed `cold_start_seed`), written exactly as
+the constraint writes them (for hf: as the assistant's reply to the instruction), for
+`cold_start_steps` steps of `cold_start_batch_size` sequences drawn with replacement from
+the key. The fine-tuned parameters become both the policy and the frozen reference.
+
+Update (GRPO, `derl_jax.rl.grpo`): the n samples form ONE group; advantages are
+(score - mean) / (std + 1e-6) over the group (all equal scores give exactly 0, so
+ill-defined expressions, which arrive with score 0, stay in the group and only pull when
+others score higher). Old log-probs are recomputed with the current parameters (the ratio
+starts at 1 even where sampling and teacher forcing round differently), the reference
+log-probs come from `ref_params`, and `epochs` full-batch AdamW steps minimise the clipped
+surrogate plus `kl` * k3-KL to the reference. With all scores equal the policy-gradient
+term is exactly zero and the result does not depend on the common score; the step still
+applies the KL pull toward the reference and Adam's momentum from earlier steps. (Even
+when params equal the reference, the KL gradient is rounding noise rather than exactly 0,
+because the reference log-probs come from a separately compiled forward pass, and Adam
+rescales it to a step of up to `lr` per parameter.)
+
+Config fields (`MetaConfig`; a run's `meta` block uses the same flat names, see
+configs/arith.py): backbone; hidden_size, intermediate_size, num_layers, num_heads,
+num_kv_heads, head_dim (scratch model); hf_path, hf_tokenizer, hf_param_dtype,
+task_description, primitive_descriptions (hf); temperature; cold_start_corpus,
+cold_start_steps, cold_start_lr, cold_start_batch_size, cold_start_seed; lr, kl, kl_kind,
+epochs, clip_eps, max_grad_norm, loss_agg (GRPO); and, checked against the grammar,
+max_symbols, max_depth, num_primitives.
+
+Shapes: n samples, T completion tokens (`max_new_tokens`), Tp prompt tokens, M tokens the
+symbols use, D hidden size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from derl_jax.expr.grammar import Grammar
+from derl_jax.meta.corpus import cold_start_corpus
+from derl_jax.meta.hf_constraint import (
+    TokenTrieConstraint,
+    identity_token_table,
+    make_trie_constraint,
+    max_completion_tokens,
+    tokenizer_token_table,
+)
+from derl_jax.models.transformer import (
+    KVCache,
+    ModelConfig,
+    abstract_model,
+    apply_hidden,
+    init_cache,
+    init_params,
+    merge_model,
+    tiny_config,
+)
+from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS, GRPOConfig, group_advantages, grpo_update, make_optimizer
+
+BACKBONES = ("scratch", "hf")
+PARAM_DTYPES = ("float32", "bfloat16")
+_EXCLUDED_LOGIT = -1e30  # finite: excluded tokens get probability 0 with finite gradients
+_UPDATE_STREAM = 0x5EED  # folded into the cold-start seed to key the update minibatch order
+REPLAY_CHUNK = 64  # rows per call of the jitted constraint replay (one compiled shape)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaConfig:
+    """Settings of the Meta-Optimizer (module docstring). Build with `MetaConfig.from_config`."""
+
+    backbone: str = "scratch"
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    hf_path: str = ""
+    hf_tokenizer: str = ""
+    hf_param_dtype: str = "float32"
+    task_description: str = ""
+    primitive_descriptions: tuple[str, ...] = ()
+    temperature: float = 1.0
+    cold_start_corpus: int = 200
+    cold_start_steps: int = 150
+    cold_start_lr: float = 3e-3
+    cold_start_batch_size: int = 32
+    cold_start_seed: int = 0
+    lr: float = 1e-4
+    kl: float = 0.01
+    kl_kind: str = "k3"
+    epochs: int = 1
+    clip_eps: float = 0.2
+    max_grad_norm: float = 1.0
+    loss_agg: str = "token_mean"
+    max_symbols: int | None = None
+    max_depth: int | None = None
+    num_primitives: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "primitive_descriptions", tuple(str(d) for d in self.primitive_descriptions))
+
+        def bad(field: str, why: str):
+            raise ValueError(f"MetaConfig.{field}={getattr(self, field)!r}: {why}")
+
+        if self.backbone not in BACKBONES:
+            bad("backbone", f"must be one of {BACKBONES}")
+        if self.backbone == "hf" and not str(self.hf_path).strip():
+            bad("hf_path", "must name a local Hugging Face checkpoint directory when backbone='hf'")
+        positive = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                    "cold_start_corpus", "cold_start_batch_size", "epochs")
+        for field in positive:
+            value = getattr(self, field)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                bad(field, "must be a positive int")
+        if self.num_heads % self.num_kv_heads:
+            bad("num_heads", f"must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if not isinstance(self.cold_start_steps, (int, np.integer)) or self.cold_start_steps < 0:
+            bad("cold_start_steps", "must be an int >= 0")
+        if self.hf_param_dtype not in PARAM_DTYPES:
+            bad("hf_param_dtype", f"must be one of {PARAM_DTYPES}")
+        if not self.temperature > 0:
+            bad("temperature", "must be > 0")
+        for field in ("cold_start_lr", "lr", "kl"):
+            if not getattr(self, field) >= 0:
+                bad(field, "must be >= 0")
+        if not 0 < self.clip_eps < 1:
+            bad("clip_eps", "must be in (0, 1)")
+        if not self.max_grad_norm > 0:
+            bad("max_grad_norm", "must be > 0")
+        if self.kl_kind not in KL_KINDS:
+            bad("kl_kind", f"must be one of {KL_KINDS}")
+        if self.loss_agg not in LOSS_AGGREGATIONS:
+            bad("loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "MetaConfig":
+        """From a MetaConfig, a run config holding a `meta` block (ml_collections ConfigDict
+        or mapping), or the meta block itself. Unknown fields are an error naming them."""
+        if isinstance(cfg, cls):
+            return cfg
+        fields = _as_dict(cfg)
+        if "meta" in fields and "backbone" not in fields:
+            fields = _as_dict(fields["meta"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"MetaConfig: unknown fields {unknown} in the meta config; known: {sorted(known)}")
+        return cls(**fields)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """ValueError when max_symbols / max_depth / num_primitives (if set) disagree with `grammar`."""
+        for field, actual in (("max_symbols", grammar.max_length), ("max_depth", grammar.max_depth),
+                              ("num_primitives", grammar.num_primitives)):
+            value = getattr(self, field)
+            if value is not None and int(value) != actual:
+                raise ValueError(f"MetaConfig.{field}={value!r} but the grammar has {field}={actual}")
+
+    def grpo(self, group_size: int) -> GRPOConfig:
+        """The GRPO settings of one update over a group of `group_size` samples."""
+        return GRPOConfig(
+            group_size=group_size, normalize_std=True, eps_low=self.clip_eps, eps_high=self.clip_eps,
+            kl_coef=self.kl, kl_kind=self.kl_kind, loss_agg=self.loss_agg, epochs=self.epochs, minibatches=1,
+            max_grad_norm=self.max_grad_norm, learning_rate=self.lr, optimizer="adamw",
+        )
+
+
+def _as_dict(cfg: Any) -> dict:
+    if hasattr(cfg, "to_dict"):
+        return dict(cfg.to_dict())
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    raise TypeError(f"MetaConfig.from_config: expected a ConfigDict, a mapping or a MetaConfig, got {type(cfg).__name__}")
+
+
+# ----------------------------------------------------------------------------- state and samples
+
+
+@struct.dataclass
+class MetaState:
+    """params: the LM parameters; opt_state: AdamW state of the GRPO updates; ref_params:
+    the cold-started parameters (frozen, for the KL term); step: i32[] updates done."""
+
+    params: Any
+    opt_state: Any
+    ref_params: Any
+    step: jax.Array
+
+
+@struct.dataclass
+class MetaSample:
+    """n sampled expressions.
+
+    texts:   the decoded expressions (list[str], length n)
+    symbols: i32[n, T] the emitted tokens (grammar symbol ids for the scratch backbone, LM
+             token ids for hf), `<eos>` included, padding after it
+    mask:    bool[n, T] True on emitted tokens up to and including `<eos>`
+    logp:    f32[n, T] their log-probabilities under the sampling distribution (constrained,
+             at the sampling temperature); 0 where mask is False
+    """
+
+    texts: list = struct.field(pytree_node=False)
+    symbols: jax.Array
+    mask: jax.Array
+    logp: jax.Array
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def meta_prompt(num_primitives: int, primitive_descriptions: Sequence[str] = (), task_description: str = "") -> list[dict]:
+    """Chat messages asking the LM for one reward expression over g1..g{num_primitives}."""
+    if primitive_descriptions and len(primitive_descriptions) != num_primitives:
+        raise ValueError(
+            f"meta_prompt: {len(primitive_descriptions)} primitive descriptions for {num_primitives} primitives"
+        )
+    if primitive_descriptions:
+        signals = "\n".join(f"- g{i + 1}: {text}" for i, text in enumerate(primitive_descriptions))
+    else:
+        signals = "\n".join(f"- g{i + 1}: reward signal number {i + 1}" for i in range(num_primitives))
+    task = f"Task: {task_description.strip()}\n\n" if task_description.strip() else ""
+    instruction = (
+        f"{task}Design a reward function for reinforcement-learning training of a policy. "
+        f"It combines these atomic reward signals, each a number per rollout:\n{signals}\n"
+        "You may also use u, the fraction of training done (0 at the start, 1 at the end), "
+        "numbers, + - * / and ** (exponent 1, 2, 3 or 0.5), parentheses, min(a,b), max(a,b), "
+        "abs(a) and clip(x,lo,hi).\n"
+        "Answer with the expression only, for example g1+0.5*g2."
+    )
+    return [
+        {"role": "system", "content": "You are an expert in reward design for reinforcement learning."},
+        {"role": "user", "content": instruction},
+    ]
+
+
+# ----------------------------------------------------------------------------- backbones
+
+
+@dataclasses.dataclass(frozen=True)
+class Backbone:
+    """What differs between the scratch and hf Meta-Optimizers.
+
+    prompt: i32[Tp] prompt tokens shared by every sample; constraint: the decoding
+    constraint (its `token_ids` are the M tokens symbols use); max_new_tokens: T, enough
+    for any sample; symbol_tokens[s]: token ids of grammar symbol s (empty for <pad>, <bos>);
+    decode(emitted tokens i32[T']) -> text; initial_params(key) -> params (random for
+    scratch, the checkpoint's for hf).
+    """
+
+    graphdef: Any
+    model_config: ModelConfig
+    prompt: np.ndarray
+    constraint: TokenTrieConstraint
+    eos_id: int
+    pad_id: int
+    max_new_tokens: int
+    symbol_tokens: tuple
+    decode: Callable[[np.ndarray], str]
+    initial_params: Callable[[jax.Array], Any]
+
+
+def scratch_backbone(cfg: MetaConfig, grammar: Grammar) -> Backbone:
+    """Tiny transformer over the grammar's symbols; prompt [<bos>]."""
+    model_config = tiny_config(
+        grammar.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        max_position=grammar.max_length + 8,
+    )
+    table = identity_token_table(grammar)
+    constraint = make_trie_constraint(grammar, table, grammar.vocab_size)
+    graphdef, _ = abstract_model(model_config)
+    return Backbone(
+        graphdef=graphdef, model_config=model_config, prompt=np.asarray([grammar.bos_id], np.int32),
+        constraint=constraint, eos_id=grammar.eos_id, pad_id=grammar.pad_id,
+        max_new_tokens=grammar.max_length, symbol_tokens=tuple(tuple(t) if t else () for t in table),
+        decode=grammar.decode, initial_params=lambda key: init_params(model_config, key)[1],
+    )
+
+
+def hf_backbone(cfg: MetaConfig, grammar: Grammar) -> Backbone:
+    """Local Hugging Face Qwen2 checkpoint and tokenizer, chat prompt, token-trie constraint."""
+    from derl_jax.models.hf import load_hf_checkpoint
+    from derl_jax.models.hf_tokenizer import HFTokenizer
+
+    tokenizer = HFTokenizer.from_directory(cfg.hf_tokenizer or cfg.hf_path)
+    model_config, params = load_hf_checkpoint(cfg.hf_path, cfg.hf_param_dtype)
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"hf backbone: the tokenizer in {cfg.hf_tokenizer or cfg.hf_path!r} has {tokenizer.vocab_size} tokens, "
+            f"more than the {model_config.vocab_size} of the checkpoint {cfg.hf_path!r}"
+        )
+    table = tokenizer_token_table(grammar, tokenizer.encode, tokenizer.eos_id, decode=tokenizer.decode)
+    constraint = make_trie_constraint(grammar, table, model_config.vocab_size)
+    messages = meta_prompt(grammar.num_primitives, cfg.primitive_descriptions, cfg.task_description)
+    prompt = np.asarray(tokenizer.encode(tokenizer.apply_chat_template(messages)), np.int32)
+    max_new_tokens = max_completion_tokens(grammar, constraint.trie)
+    if prompt.size + max_new_tokens > model_config.max_position:
+        raise ValueError(
+            f"hf backbone: prompt ({prompt.size} tokens) plus {max_new_tokens} completion tokens exceed the "
+            f"checkpoint's max_position_embeddings={model_config.max_position}"
+        )
+
+    def decode(tokens: np.ndarray) -> str:
+        return tokenizer.decode(tokens, skip_special_tokens=True)
+
+    return Backbone(
+        graphdef=abstract_model(model_config)[0], model_config=model_config, prompt=prompt, constraint=constraint,
+        eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, max_new_tokens=max_new_tokens,
+        symbol_tokens=tuple(tuple(t) if t else () for t in table), decode=decode,
+        initial_params=lambda key: params,
+    )
+
+
+# ----------------------------------------------------------------------------- log-probabilities
+
+
+def output_rows(graphdef: nnx.GraphDef, params: nnx.State, token_ids: jax.Array) -> jax.Array:
+    """[M, D]: the output-embedding rows of `token_ids` i32[M] (tied embedding or lm_head)."""
+    model = merge_model(graphdef, params)
+    if model.lm_head is None:
+        table = jnp.take(model.embed.embedding[...], token_ids, axis=0)
+    else:
+        table = jnp.take(model.lm_head.kernel[...], token_ids, axis=1).T
+    return table.astype(model.config.compute_dtype)
+
+
+def constrained_logprobs(
+    graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, tokens: jax.Array, mask: jax.Array,
+    allowed: jax.Array, compact: jax.Array, token_ids: jax.Array, temperature: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced (logp f32[n, T], entropy f32[n, T]) of `tokens` under the constrained distribution.
+
+    prompt: i32[Tp] shared by all rows; tokens: i32[n, T]; mask: bool[n, T] (a prefix per row);
+    allowed: bool[n, T, M] the constraint's allowed set before each token (`replay`);
+    compact: i32[n, T] each token's index in `token_ids` i32[M]. logp[i, t] =
+    log softmax over allowed tokens of (logits / temperature) at tokens[i, t]; both outputs
+    are 0 where mask is False.
+    """
+    rows, length = tokens.shape
+    prompt_length = prompt.shape[0]
+    full = jnp.concatenate([jnp.broadcast_to(prompt, (rows, prompt_length)), tokens], axis=1).astype(jnp.int32)
+    token_mask = jnp.concatenate([jnp.ones((rows, prompt_length), bool), mask.astype(bool)], axis=1)
+    total = prompt_length + length
+    causal = jnp.arange(total)[None, :] <= jnp.arange(total)[:, None]
+    positions = jnp.broadcast_to(jnp.arange(total, dtype=jnp.int32), (rows, total))
+    hidden, _ = apply_hidden(graphdef, params, full, positions, token_mask[:, None, :] & causal[None])
+    predicting = hidden[:, prompt_length - 1 : prompt_length - 1 + length]
+    logits = jnp.einsum("btd,md->btm", predicting, output_rows(graphdef, params, token_ids),
+                        preferred_element_type=jnp.float32) / temperature
+    log_probs = jax.nn.log_softmax(jnp.where(allowed, logits, _EXCLUDED_LOGIT), axis=-1)
+    logp = jnp.take_along_axis(log_probs, jnp.maximum(compact, 0)[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.where(allowed, jnp.exp(log_probs) * log_probs, 0.0), axis=-1)
+    mask = mask.astype(bool)
+    return jnp.where(mask, logp, 0.0), jnp.where(mask, entropy, 0.0)
+
+
+def constrained_decode(
+    graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, constraint: TokenTrieConstraint, key: jax.Array,
+    temperature: float | jax.Array, *, num_samples: int, max_new_tokens: int, eos_id: int, pad_id: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Sample `num_samples` completions of the shared `prompt` i32[Tp] under `constraint`.
+
+    Returns (tokens i32[n, T], mask bool[n, T], logp f32[n, T]): tokens are LM ids, `pad_id`
+    after a row's `eos_id`; mask is True up to and including EOS; logp is the log-prob under
+    the constrained distribution at `temperature` (0 where masked), i.e. what
+    `constrained_logprobs` recomputes. Step i draws with fold_in(key, i), so the same key
+    gives the same samples (a low temperature approaches greedy decoding).
+
+    Unlike the general sampler (`models.sampling.sample`, which scores the whole vocabulary
+    and masks it with `constraint.allowed`), this one prefills the shared prompt once and
+    scores only the M tokens the constraint can ever allow: the same distribution, but M
+    logits per step instead of V (26 instead of 151,936 for Qwen).
+    """
+    model_config = merge_model(graphdef, params).config
+    prompt_length = prompt.shape[0]
+    cache = init_cache(model_config, 1, prompt_length + max_new_tokens)
+    hidden, cache = apply_hidden(graphdef, params, prompt[None].astype(jnp.int32),
+                                 jnp.arange(prompt_length, dtype=jnp.int32)[None], None, cache, 0)
+    cache = KVCache(k=jnp.repeat(cache.k, num_samples, axis=1), v=jnp.repeat(cache.v, num_samples, axis=1))
+    rows = output_rows(graphdef, params, constraint.token_ids)  # [M, D]
+
+    def choose(last_hidden, state, done, step_key):
+        logits = jnp.einsum("bd,md->bm", last_hidden, rows, preferred_element_type=jnp.float32)
+        allowed = constraint.allowed_compact(state) | done[:, None]
+        scaled = jnp.where(allowed, logits, -jnp.inf) / temperature
+        choice = jax.random.categorical(step_key, scaled, axis=-1)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), choice[:, None], axis=-1)[:, 0]
+        live = ~done
+        emitted = jnp.where(live, constraint.token_ids[choice], pad_id).astype(jnp.int32)
+        done = done | (live & (emitted == eos_id))
+        return emitted, jnp.where(live, logp, 0.0), live, done, constraint.advance(state, emitted)
+
+    first_hidden = jnp.broadcast_to(hidden[:, -1], (num_samples, hidden.shape[-1]))
+    emitted, logp, live, done, state = choose(first_hidden, constraint.init(num_samples),
+                                              jnp.zeros((num_samples,), bool), jax.random.fold_in(key, 0))
+
+    def step(carry, index):
+        cache, previous, done, state = carry
+        at = prompt_length + index - 1
+        positions = jnp.full((num_samples, 1), at, jnp.int32)
+        hidden, cache = apply_hidden(graphdef, params, previous[:, None], positions, None, cache, at)
+        emitted, logp, live, done, state = choose(hidden[:, 0], state, done, jax.random.fold_in(key, index))
+        return (cache, emitted, done, state), (emitted, logp, live)
+
+    _, rest = jax.lax.scan(step, (cache, emitted, done, state), jnp.arange(1, max_new_tokens, dtype=jnp.int32))
+    tokens, logps, mask = (jnp.concatenate([head[:, None], tail.T], axis=1)
+                           for head, tail in zip((emitted, logp, live), rest))
+    return tokens, mask, logps
+
+
+# ----------------------------------------------------------------------------- the optimizer
+
+
+class MetaOptimizer:
+    """The Meta-Optimizer of one run (module docstring): `init`, `sample`, `update`.
+
+    cfg: a run config with a `meta` block, the block itself, or a MetaConfig. grammar: the
+    expression grammar (`derl_jax.meta.protocol.meta_grammar`). The hf backbone loads its
+    checkpoint and tokenizer here, once.
+    """
+
+    def __init__(self, cfg: Any, grammar: Grammar):
+        if not isinstance(grammar, Grammar):
+            raise TypeError(f"MetaOptimizer: grammar must be a derl_jax.expr.grammar.Grammar, got {type(grammar).__name__}")
+        self.config = MetaConfig.from_config(cfg)
+        self.config.check_grammar(grammar)
+        self.grammar = grammar
+        build = scratch_backbone if self.config.backbone == "scratch" else hf_backbone
+        self.backbone = build(self.config, grammar)
+        self.optimizer = make_optimizer(self.config.grpo(group_size=1))
+        self._sample_fn = jax.jit(self._sample_tokens, static_argnames=("num_samples",))
+        self._replay_fn = jax.jit(self.backbone.constraint.replay)
+        self._update_fn = jax.jit(self._update)
+        self._cold_start_fn = jax.jit(self._cold_start, static_argnames=("steps",))
+        self._logprob_fn = jax.jit(self._logprobs)
+
+    # --------------------------------------------------------------- corpus and cold start
+
+    @functools.cached_property
+    def corpus(self) -> list[str]:
+        """The cold-start texts (deterministic in `cold_start_seed`; every one encodable by the grammar)."""
+        cfg = self.config
+        return cold_start_corpus(self.grammar.num_primitives, cfg.cold_start_corpus, cfg.cold_start_seed, grammar=self.grammar)
+
+    def encode_text(self, text: str) -> list[int]:
+        """The tokens the constraint writes `text` as, `<eos>` included (ValueError if the grammar rejects it)."""
+        tokens: list[int] = []
+        for symbol in self.grammar.encode(text):
+            tokens.extend(self.backbone.symbol_tokens[symbol])
+        return tokens
+
+    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens i32[len, T], mask bool[len, T]) of `texts`, padded to the completion length T."""
+        length = self.backbone.max_new_tokens
+        tokens = np.full((len(texts), length), self.backbone.pad_id, np.int32)
+        mask = np.zeros((len(texts), length), bool)
+        for row, text in enumerate(texts):
+            ids = self.encode_text(text)
+            tokens[row, : len(ids)] = ids
+            mask[row, : len(ids)] = True
+        return tokens, mask
+
+    def allowed_masks(self, tokens: Any) -> jax.Array:
+        """bool[rows, T, M]: the constraint's allowed set before each token of `tokens` i32[rows, T].
+
+        The constraint is replayed in chunks of REPLAY_CHUNK rows so that one compiled shape
+        serves every batch size."""
+        tokens = np.asarray(tokens, np.int32)
+        rows = tokens.shape[0]
+        padded = np.full((-(-rows // REPLAY_CHUNK) * REPLAY_CHUNK, tokens.shape[1]), self.backbone.pad_id, np.int32)
+        padded[:rows] = tokens
+        chunks = [self._replay_fn(jnp.asarray(padded[i : i + REPLAY_CHUNK])) for i in range(0, len(padded), REPLAY_CHUNK)]
+        return jnp.concatenate(chunks, axis=0)[:rows]
+
+    def _model_logprobs(self, params, tokens, mask, allowed, temperature):
+        constraint = self.backbone.constraint
+        return constrained_logprobs(
+            self.backbone.graphdef, params, jnp.asarray(self.backbone.prompt), tokens, mask,
+            allowed, constraint.compact_index(tokens), constraint.token_ids, temperature,
+        )
+
+    def _cold_start(self, params, key, tokens, mask, allowed, *, steps):
+        cfg = self.config
+        optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.cold_start_lr))
+        batch_size = min(cfg.cold_start_batch_size, tokens.shape[0])
+        rows = jax.random.randint(key, (steps, batch_size), 0, tokens.shape[0])
+        constraint = self.backbone.constraint
+        compact = constraint.compact_index(tokens)
+        prompt = jnp.asarray(self.backbone.prompt)
+
+        def loss_fn(params, index):
+            logp, _ = constrained_logprobs(self.backbone.graphdef, params, prompt, tokens[index], mask[index],
+                                           allowed[index], compact[index], constraint.token_ids, 1.0)
+            return -jnp.sum(logp) / jnp.maximum(jnp.sum(mask[index]), 1)
+
+        def step(carry, index):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(loss_fn)(params, index)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), rows)
+        return params, losses
+
+    def cold_start(self, params: Any, key: jax.Array) -> tuple[Any, jax.Array]:
+        """(fine-tuned params, per-step SFT loss f32[cold_start_steps]): teacher-forced NLL per
+        token of the corpus under the constrained distribution at temperature 1."""
+        tokens, mask = self.encode_texts(self.corpus)
+        steps = self.config.cold_start_steps
+        if steps == 0:
+            return params, jnp.zeros((0,), jnp.float32)
+        return self._cold_start_fn(params, key, jnp.asarray(tokens), jnp.asarray(mask), self.allowed_masks(tokens),
+                                   steps=steps)
+
+    def init(self, key: jax.Array) -> MetaState:
+        """Initial parameters (random for scratch, the checkpoint for hf), then the cold-start
+        SFT; the result is both `params` and the frozen `ref_params`. Deterministic in `key`."""
+        param_key, sft_key = jax.random.split(key)
+        params, _ = self.cold_start(self.backbone.initial_params(param_key), sft_key)
+        return MetaState(params=params, opt_state=self.optimizer.init(params), ref_params=params,
+                         step=jnp.zeros((), jnp.int32))
+
+    # --------------------------------------------------------------- sampling
+
+    def _sample_tokens(self, params, key, temperature, *, num_samples):
+        backbone = self.backbone
+        return constrained_decode(
+            backbone.graphdef, params, jnp.asarray(backbone.prompt), backbone.constraint, key, temperature,
+            num_samples=num_samples, max_new_tokens=backbone.max_new_tokens, eos_id=backbone.eos_id,
+            pad_id=backbone.pad_id,
+        )
+
+    def sample(self, state: MetaState, key: jax.Array, n: int, *, temperature: float | None = None) -> MetaSample:
+        """n expressions sampled under the grammar at `temperature` (default: the config's;
+        one compiled function per n, any temperature). Same key, same texts."""
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"MetaOptimizer.sample: n must be a positive int, got {n!r}")
+        temperature = self.config.temperature if temperature is None else temperature
+        if not temperature > 0:
+            raise ValueError(f"MetaOptimizer.sample: temperature must be > 0, got {temperature!r}")
+        tokens, mask, logp = self._sample_fn(state.params, key, jnp.float32(temperature), num_samples=int(n))
+        host_tokens, host_mask = np.asarray(tokens), np.asarray(mask)
+        texts = [self.backbone.decode(row[keep]) for row, keep in zip(host_tokens, host_mask)]
+        return MetaSample(texts=texts, symbols=tokens, mask=mask, logp=logp)
+
+    def _logprobs(self, params, tokens, mask, allowed, temperature):
+        return self._model_logprobs(params, tokens, mask, allowed, temperature)[0]
+
+    def logprobs(self, params: Any, sample: MetaSample, temperature: float | None = None) -> jax.Array:
+        """f32[n, T]: log-probs of `sample`'s tokens under `params` (constrained, at `temperature`,
+        default the config's); 0 where sample.mask is False."""
+        temperature = self.config.temperature if temperature is None else temperature
+        return self._logprob_fn(params, sample.symbols, sample.mask, self.allowed_masks(sample.symbols),
+                                jnp.float32(temperature))
+
+    # --------------------------------------------------------------- GRPO update
+
+    def _update(self, state: MetaState, batch: dict, scores):
+        num_samples = batch["tokens"].shape[0]
+        cfg = self.config.grpo(group_size=num_samples)
+        constraint = self.backbone.constraint
+        batch = dict(batch, advantages=group_advantages(scores, num_samples))
+        prompt = jnp.asarray(self.backbone.prompt)
+
+        def logprob_fn(params, rows):
+            return constrained_logprobs(self.backbone.graphdef, params, prompt, rows["tokens"], rows["mask"],
+                                        rows["allowed"], constraint.compact_index(rows["tokens"]),
+                                        constraint.token_ids, self.config.temperature)
+
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.cold_start_seed), _UPDATE_STREAM),
+                                 state.step)
+        params, opt_state, metrics = grpo_update(state.params, state.opt_state, batch, key, logprob_fn,
+                                                 self.optimizer, cfg)
+        metrics = dict(metrics, score_mean=jnp.mean(scores), score_std=jnp.std(scores), score_max=jnp.max(scores),
+                       advantage_abs_mean=jnp.mean(jnp.abs(batch["advantages"])))
+        new_state = MetaState(params=params, opt_state=opt_state, ref_params=state.ref_params, step=state.step + 1)
+        return new_state, metrics
+
+    def update(self, state: MetaState, sample: MetaSample, scores: Any) -> tuple[MetaState, dict[str, jax.Array]]:
+        """One GRPO step on `sample` scored `scores` f32[n] (one group; invalid expressions score 0).
+
+        `sample` must come from `sample(state, ...)` at the config's temperature: log-probs
+        are recomputed at that temperature and treated as the behaviour policy's.
+
+        Returns (new state, metrics: loss, pg_loss, kl, entropy, clip_fraction, grad_norm,
+        score_mean, score_std, score_max, advantage_abs_mean — scalars, means over the epochs).
+        """
+        values = np.asarray(scores, np.float32)
+        rows = int(sample.symbols.shape[0])
+        if values.shape != (rows,):
+            raise ValueError(f"MetaOptimizer.update: scores must have shape ({rows},) like the sample, got {values.shape}")
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"MetaOptimizer.update: scores must be finite (ill-defined expressions score 0), got {values}")
+        if sample.symbols.shape[1] != self.backbone.max_new_tokens:
+            raise ValueError(
+                f"MetaOptimizer.update: the sample has {sample.symbols.shape[1]} tokens per row, this optimizer "
+                f"writes {self.backbone.max_new_tokens}; it was not drawn by this optimizer"
+            )
+        tokens, mask = jnp.asarray(sample.symbols), jnp.asarray(sample.mask)
+        allowed = self.allowed_masks(tokens)
+        temperature = jnp.float32(self.config.temperature)
+        batch = {
+            "tokens": tokens,
+            "mask": mask,
+            "allowed": allowed,
+            # one compiled forward (shared with `logprobs`) gives both; recomputing the old
+            # log-probs makes the first ratio exactly 1
+            "old_logp": self._logprob_fn(state.params, tokens, mask, allowed, temperature),
+            "ref_logp": self._logprob_fn(state.ref_params, tokens, mask, allowed, temperature),
+        }
+        return self._update_fn(state, batch, jnp.asarray(values))
