@@ -1,0 +1,292 @@
+"""Inner-loop speed: GRPO steps/s and sampled tokens/s for K candidates, three ways, and TRL.
+
+    python benchmarks/bench_inner.py            # K = 1, 8, 32; a few minutes on 2 CPU cores
+    python benchmarks/bench_inner.py --quick    # K = 1, 4, fewer steps
+
+Modes (the same `InnerLoop`, the same inputs):
+  vmapped  `train_many` with every candidate vmapped in one compiled call
+  chunked  `train_many` with `chunk_size` candidates per chunk (lax.map over chunks)
+  sharded  `train_many` vmapped, candidates over the 'cand' axis of a mesh of every device
+           (on a CPU host: one device per core, `--xla_force_host_platform_device_count`)
+  loop     one jitted `train` called once per candidate from Python (asynchronous dispatch)
+  loop_devices  the same, candidate k on device k % (number of devices)
+
+Each row: compile seconds (first call), run seconds (median after the warm-up), GRPO steps
+per second summed over candidates (K * steps / run), sampled tokens per second (generated
+tokens up to and including EOS), and the compiled executable's temporary buffer size
+(`memory_analysis`, a per-executable peak that, unlike the process's maxrss, separates modes).
+
+Then TRL's `GRPOTrainer` (PyTorch CPU) trains a `transformers.Qwen2ForCausalLM` of the same
+shape on the same prompts with the same batch (B prompts x G samples), completion length
+and outcome reward; a callback times each optimizer step after a warm-up step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={os.cpu_count()}").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import report  # noqa: E402
+from derl_jax.domains.arith import BOX_CLOSE, BOX_OPEN, make_arith_domain  # noqa: E402
+from derl_jax.expr import compile_expr, parse, stack_programs  # noqa: E402
+from derl_jax.models.transformer import init_params  # noqa: E402
+from derl_jax.parallel import make_mesh  # noqa: E402
+from derl_jax.rl import sft  # noqa: E402
+from derl_jax.rl.grpo import GRPOConfig  # noqa: E402
+from derl_jax.rl.inner import InnerConfig, make_inner_loop  # noqa: E402
+
+POLICY = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+          "head_dim": 16}
+DOMAIN = {"seed": 0, "num_train": 320, "num_test": 64, "levels": (1, 2), "max_new_tokens": 28}
+EXPRESSIONS = ("g1", "g1 + 0.5*g2", "g1 + g2*g3", "(g1 + g4)/2", "g1*g2 + 0.1*g3", "max(g1, g4)", "g1 + u*g2",
+               "g1 - 0.2*(1 - g2)")
+
+
+def block(tree):
+    return jax.tree_util.tree_map(lambda x: x.block_until_ready(), tree)
+
+
+def programs_for(count: int, names) -> object:
+    return stack_programs([compile_expr(parse(EXPRESSIONS[k % len(EXPRESSIONS)], names)) for k in range(count)])
+
+
+def temp_megabytes(compiled) -> float | None:
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return None
+    return round((analysis.temp_size_in_bytes + analysis.output_size_in_bytes) / 2**20, 2)
+
+
+def time_batched(loop, params, programs, keys, dataset, repeats: int, mesh=None):
+    """(compile s, median run s, metrics, MiB) of one jitted train_many (candidates over
+    `mesh`'s 'cand' axis when given)."""
+    if mesh is not None:
+        programs, keys = jax.device_put((programs, keys), NamedSharding(mesh, PartitionSpec("cand")))
+        params, dataset = jax.device_put((params, dataset), NamedSharding(mesh, PartitionSpec()))
+    start = time.perf_counter()
+    compiled = jax.jit(loop.train_many).lower(params, programs, keys, dataset).compile()
+    compile_s = time.perf_counter() - start
+    _, metrics = block(compiled(params, programs, keys, dataset))
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _, metrics = block(compiled(params, programs, keys, dataset))
+        runs.append(time.perf_counter() - start)
+    return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled)
+
+
+def time_loop(loop, params, programs, keys, dataset, repeats: int, compiled_cache: dict, devices=None):
+    """The same with a Python loop over candidates calling one jitted `train`; with `devices`,
+    candidate k runs on devices[k % len(devices)] (one executable per device)."""
+    devices = list(devices or [jax.devices()[0]])
+    count = keys.shape[0]
+    placed = [jax.device_put((params, dataset), device) for device in devices]
+    singles = [jax.device_put(jax.tree_util.tree_map(lambda x, k=k: x[k], (programs, keys)), devices[k % len(devices)])
+               for k in range(count)]
+    compile_s = 0.0
+    for index, device in enumerate(devices):
+        if device not in compiled_cache:
+            start = time.perf_counter()
+            program, key = jax.device_put(singles[0], device)
+            compiled_cache[device] = jax.jit(loop.train).lower(placed[index][0], program, key, placed[index][1]).compile()
+            compile_s += time.perf_counter() - start
+
+    def run_all():
+        calls = []
+        for k in range(count):
+            index = k % len(devices)
+            program, key = singles[k]
+            calls.append(compiled_cache[devices[index]](placed[index][0], program, key, placed[index][1]))
+        return block(calls)
+
+    outputs = run_all()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = run_all()
+        runs.append(time.perf_counter() - start)
+    metrics = {name: np.stack([np.asarray(out[1][name]) for out in outputs]) for name in outputs[0][1]}
+    return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled_cache[devices[0]])
+
+
+def jax_rows(args) -> tuple[list[dict], dict]:
+    domain = make_arith_domain(DOMAIN)
+    model_cfg = sft.policy_model_config(domain, POLICY)
+    graphdef, params = init_params(model_cfg, jax.random.key(0))
+    # kl_coef 0 and no KL metric: the same work per step as TRL's GRPOTrainer with beta=0
+    base = dict(steps=args.steps, prompts_per_step=args.prompts, group_size=args.group,
+                max_new_tokens=domain.max_new_tokens, grpo=GRPOConfig(learning_rate=3e-4), kl_metric=False)
+    loops = {0: make_inner_loop(domain, graphdef, InnerConfig(**base))}
+    devices = len(jax.devices())
+    mesh = make_mesh(devices, 1, 1) if devices > 1 else None
+    sharded_loop = make_inner_loop(domain, graphdef, InnerConfig(**base), mesh) if mesh is not None else None
+    rows, cache = [], {}
+    per_candidate = args.prompts * args.group
+    for count in args.candidates:
+        programs = programs_for(count, domain.primitive_names)
+        keys = jax.random.split(jax.random.key(1), count)
+        modes = [("vmapped", 0)]
+        if count > 1:
+            chunk = min(args.chunk, count)
+            modes.append(("chunked", chunk))
+            loops.setdefault(chunk, make_inner_loop(domain, graphdef, InnerConfig(**base, chunk_size=chunk)))
+        if mesh is not None and count % devices == 0:
+            modes.append(("sharded", 0))
+        modes.append(("loop", 0))
+        if mesh is not None and count > 1:
+            modes.append(("loop_devices", 0))
+        for mode, chunk in modes:
+            if mode in ("loop", "loop_devices"):
+                compile_s, run_s, metrics, mib = time_loop(loops[0], params, programs, keys, domain.train,
+                                                           args.repeats, cache,
+                                                           jax.devices() if mode == "loop_devices" else None)
+            elif mode == "sharded":
+                compile_s, run_s, metrics, mib = time_batched(sharded_loop, params, programs, keys, domain.train,
+                                                              args.repeats, mesh)
+            else:
+                compile_s, run_s, metrics, mib = time_batched(loops[chunk], params, programs, keys, domain.train,
+                                                              args.repeats)
+            tokens = float(np.sum(np.asarray(metrics["response_length"]))) * per_candidate
+            rows.append({
+                "K": count, "mode": mode, "chunk": chunk, "compile_s": round(compile_s, 2),
+                "run_s": round(run_s, 3), "step_ms_per_candidate": round(1e3 * run_s / (count * args.steps), 2),
+                "grpo_steps_per_s": round(count * args.steps / run_s, 2), "tokens_per_s": round(tokens / run_s, 1),
+                "exec_mib": mib,
+            })
+            print(rows[-1], flush=True)
+    for count in args.candidates:
+        of_k = [r for r in rows if r["K"] == count]
+        loop_s = min(r["run_s"] for r in of_k if r["mode"] in ("loop", "loop_devices"))
+        for r in of_k:
+            r["speedup_vs_loop"] = round(loop_s / r["run_s"], 2)
+    return rows, {"domain": domain, "model_cfg": model_cfg}
+
+
+# ----------------------------------------------------------------------------- TRL
+
+
+def outcome_reward(completions, answer, **_) -> list[float]:
+    """1.0 when the last `[...]` box of the completion holds exactly the gold answer."""
+    pattern = re.escape(BOX_OPEN) + r"([^" + re.escape(BOX_OPEN + BOX_CLOSE) + r"]*)" + re.escape(BOX_CLOSE)
+    scores = []
+    for text, gold in zip(completions, answer):
+        boxes = re.findall(pattern, text)
+        scores.append(1.0 if boxes and boxes[-1] == str(gold) else 0.0)
+    return scores
+
+
+def char_tokenizer(domain):
+    """A Hugging Face fast tokenizer with the domain's character vocabulary and special ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    names = domain.tokenizer.token_names
+    vocab = {name: index for index, name in enumerate(names)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=names[domain.pad_id]))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    bos = names[domain.tokenizer.bos_id]
+    core.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, domain.tokenizer.bos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token=bos, eos_token=names[domain.eos_id],
+                                   pad_token=names[domain.pad_id], padding_side="left")
+
+
+def trl_row(args, domain, model_cfg) -> dict:
+    import datasets
+    import torch
+    import transformers
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+        max_position_embeddings=model_cfg.max_position, rope_theta=model_cfg.rope_theta,
+        rms_norm_eps=model_cfg.rms_norm_eps, tie_word_embeddings=True, bos_token_id=domain.tokenizer.bos_id,
+        eos_token_id=domain.eos_id, pad_token_id=domain.pad_id)
+    model = transformers.Qwen2ForCausalLM(config)
+    tokenizer = char_tokenizer(domain)
+    model.generation_config.pad_token_id = domain.pad_id
+    model.generation_config.eos_token_id = domain.eos_id
+    problems = domain.info["train_problems"]
+    dataset = datasets.Dataset.from_dict({"prompt": [p.prompt for p in problems], "answer": [p.answer for p in problems]})
+    step_ends: list[float] = []
+
+    class StepTimer(transformers.TrainerCallback):
+        """Time stamps of optimizer-step ends; the gaps between them are whole steps
+        (batch, generation, rewards, update), whatever the trainer does before `on_step_begin`."""
+
+        def on_step_end(self, *_, **__):
+            step_ends.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as output_dir:
+        trl_args = TRLConfig(
+            output_dir=output_dir, per_device_train_batch_size=args.prompts * args.group,
+            num_generations=args.group, max_completion_length=domain.max_new_tokens, temperature=1.0,
+            learning_rate=3e-4, beta=0.0, num_iterations=1, max_steps=args.trl_steps + 1,
+            logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none",
+            use_vllm=False, use_cpu=True, gradient_checkpointing=False, disable_tqdm=True, bf16=False, seed=0)
+        trainer = GRPOTrainer(model=model, reward_funcs=outcome_reward, args=trl_args, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[StepTimer()])
+        trainer.train()
+    measured = list(np.diff(step_ends))  # step 1 (warm-up) is left out
+    return {"K": 1, "mode": "trl_grpo_trainer", "chunk": 0, "run_s": round(sum(measured), 3),
+            "step_ms_per_candidate": round(1e3 * statistics.median(measured), 2),
+            "grpo_steps_per_s": round(1.0 / statistics.median(measured), 3), "measured_steps": len(measured)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="K = 1, 4 and fewer steps")
+    parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
+    args = parser.parse_args(argv)
+    args.candidates = (1, 4) if args.quick else (1, 8, 32)
+    args.steps = 2 if args.quick else 8
+    args.repeats = 1 if args.quick else 3
+    args.prompts, args.group, args.chunk = 8, 4, 4
+    args.trl_steps = 2 if args.quick else 4
+    rows, setup = jax_rows(args)
+    summary = {}
+    if not args.no_trl:
+        trl = trl_row(args, setup["domain"], setup["model_cfg"])
+        rows.append(trl)
+        ours = min(r["step_ms_per_candidate"] for r in rows if r["K"] == 1 and r["mode"] != "trl_grpo_trainer")
+        ours_any = min(r["step_ms_per_candidate"] for r in rows if r["mode"] != "trl_grpo_trainer")
+        summary["trl_step_ms"] = trl["step_ms_per_candidate"]
+        summary["ours_step_ms_k1"] = ours
+        summary["speedup_vs_trl_per_step"] = round(trl["step_ms_per_candidate"] / ours, 2)
+        summary["speedup_vs_trl_per_candidate_step_best_mode"] = round(trl["step_ms_per_candidate"] / ours_any, 2)
+    for count in args.candidates:
+        if count > 1:
+            best = max((r for r in rows if r["K"] == count and r["mode"] in ("vmapped", "chunked", "sharded")),
+                       key=lambda r: r["grpo_steps_per_s"])
+            summary[f"best_batched_vs_loop_K{count}"] = best["speedup_vs_loop"]
+    summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"], "max_new_tokens": DOMAIN["max_new_tokens"],
+              "prompts_per_step": args.prompts, "group_size": args.group, "steps": args.steps,
+              "candidates": args.candidates, "chunk_size": args.chunk}
+    columns = ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
+               "tokens_per_s", "exec_mib", "speedup_vs_loop"]
+    return report("inner_loop", rows, config=config, summary=summary, columns=columns)
+
+
+if __name__ == "__main__":
+    main()

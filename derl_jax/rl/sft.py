@@ -1,0 +1,356 @@
+"""The base policy: a tiny Qwen2-style decoder warm-started by supervised fine-tuning.
+
+Every method of a comparison starts its inner policies from the same base policy. It is
+trained with teacher forcing on the domain's supervised corpus (for arithmetic,
+`derl_jax.domains.arith.sft_corpus`: a mix of well- and badly-formatted solutions of the
+training problems), the loss counting completion tokens (and their EOS) only. The whole run
+is one jitted `lax.scan` over steps and depends only on its inputs and the seed.
+
+    graphdef, params = base_policy(domain, cfg.policy, cache_dir, seed=0)
+
+`base_policy` builds the policy once and stores it in `cache_dir` as an `.npz` file written
+atomically; the file name is a hash of everything the result depends on (the encoded corpus,
+the model and SFT configs, the seed and `SFT_CODE_VERSION`), so a changed setting builds a
+new policy and an unchanged one loads the stored arrays.
+
+The corpus holds the training problems minus the caller's held-out rows (a run holds out
+its validation rows, so validation scores measure held-out accuracy) plus, optionally,
+fresh problems of the same levels that are in neither split: with only a few hundred
+problems the tiny model memorises answers instead of learning to compute them. The test
+split never reaches the base policy.
+
+Shapes: M corpus examples, Tp prompt tokens (left padded, BOS first), T completion tokens
+(right padded, EOS after the text), B batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+import zipfile
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from derl_jax.checkpoint import atomic_write_json, fsync_directory
+from derl_jax.domains.base import TokenDomain
+from derl_jax.models.sampling import sequence_logprobs
+from derl_jax.models.transformer import ModelConfig, abstract_model, init_params, tiny_config
+
+# Bump when a change to this module changes the policy it builds for the same inputs.
+SFT_CODE_VERSION = 1
+CACHE_PREFIX = "base_policy_"
+_LOSSES_KEY = "__sft_losses__"
+_POLICY_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start.
+
+    steps: optimizer steps (0 keeps the random initialisation).
+    learning_rate: peak AdamW learning rate; linear warmup over `warmup_fraction` of the
+      steps, then cosine decay to `final_lr_fraction` of the peak.
+    batch_size: examples per step, drawn without replacement within a step (with
+      replacement only when the corpus is smaller than the batch).
+    seed: parameter initialisation and batch order.
+    """
+
+    steps: int
+    learning_rate: float
+    batch_size: int
+    seed: int = 0
+    warmup_fraction: float = 0.1
+    final_lr_fraction: float = 0.1
+    weight_decay: float = 0.0
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"SFTConfig.{name}={getattr(self, name)!r}: {why}")
+
+        if not isinstance(self.steps, int) or self.steps < 0:
+            bad("steps", "must be an int >= 0")
+        if not self.learning_rate > 0:
+            bad("learning_rate", "must be > 0")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            bad("batch_size", "must be an int >= 1")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            bad("warmup_fraction", "must be in [0, 1)")
+        if not 0.0 <= self.final_lr_fraction <= 1.0:
+            bad("final_lr_fraction", "must be in [0, 1]")
+        if self.weight_decay < 0:
+            bad("weight_decay", "must be >= 0")
+
+
+@struct.dataclass
+class SFTData:
+    """A tokenized corpus: prompts i32[M, Tp], prompt_mask bool[M, Tp],
+    completions i32[M, T], completion_mask bool[M, T] (True on the text and its EOS)."""
+
+    prompts: jax.Array
+    prompt_mask: jax.Array
+    completions: jax.Array
+    completion_mask: jax.Array
+
+    @property
+    def size(self) -> int:
+        return int(self.prompts.shape[0])
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def _field(cfg: Any, name: str, where: str) -> Any:
+    try:
+        return cfg[name] if isinstance(cfg, Mapping) else getattr(cfg, name)
+    except (KeyError, AttributeError):
+        raise ValueError(f"{where}: policy config has no field {name!r}") from None
+
+
+def _optional_field(cfg: Any, name: str, default: Any) -> Any:
+    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def policy_model_config(domain: TokenDomain, policy_cfg: Any) -> ModelConfig:
+    """The policy's ModelConfig: sizes from `policy_cfg` (a `config.policy` block), vocabulary
+    from the domain's tokenizer, positions enough for the longest prompt plus completion."""
+    sizes = {name: int(_field(policy_cfg, name, "policy_model_config")) for name in _POLICY_FIELDS}
+    max_position = int(domain.train.prompts.shape[1]) + int(domain.max_new_tokens)
+    return tiny_config(domain.tokenizer.vocab_size, max_position=max_position, **sizes)
+
+
+def sft_config_from(policy_cfg: Any, seed: int = 0) -> SFTConfig:
+    """SFTConfig from a `config.policy` block (sft_steps, sft_lr, sft_batch_size)."""
+    return SFTConfig(
+        steps=int(_field(policy_cfg, "sft_steps", "sft_config_from")),
+        learning_rate=float(_field(policy_cfg, "sft_lr", "sft_config_from")),
+        batch_size=int(_field(policy_cfg, "sft_batch_size", "sft_config_from")),
+        seed=int(seed),
+    )
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def domain_corpus(domain: TokenDomain, seed: int, holdout_rows: Sequence[int] = (),
+                  extra_problems: int = 0, mix: Mapping[str, float] | None = None) -> list[tuple[str, str]]:
+    """(prompt, completion) texts of the domain's supervised corpus.
+
+    The problems are the training split's rows except `holdout_rows` (the validation rows),
+    followed by `extra_problems` fresh problems of the domain's levels whose texts are in
+    neither the training nor the test split (drawn with `seed`). `mix`: style weights of the
+    completions (default: the domain's, e.g. `arith.DEFAULT_SFT_MIX`).
+    """
+    if domain.name != "arith":
+        raise ValueError(f"domain_corpus: domain {domain.name!r} has no supervised corpus; known: ('arith',)")
+    from derl_jax.domains import arith
+
+    train, test = domain.info["train_problems"], domain.info["test_problems"]
+    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    outside = sorted(row for row in held_out if not 0 <= row < len(train))
+    if outside:
+        raise ValueError(f"domain_corpus: holdout_rows {outside[:5]} are outside the {len(train)} training rows")
+    if extra_problems < 0:
+        raise ValueError(f"domain_corpus: extra_problems must be >= 0, got {extra_problems}")
+    problems = [problem for row, problem in enumerate(train) if row not in held_out]
+    if extra_problems:
+        taken = {problem.text for problem in (*train, *test)}
+        try:
+            pool = arith.make_problems(seed + 1, extra_problems + len(taken), domain.info["levels"])
+        except ValueError as err:
+            raise ValueError(
+                f"domain_corpus: extra_problems={extra_problems} fresh problems do not exist besides the "
+                f"{len(taken)} train/test problems of levels {domain.info['levels']}: {err}") from None
+        problems += [problem for problem in pool if problem.text not in taken][:extra_problems]
+    if not problems:
+        raise ValueError("domain_corpus: no problems are left for the supervised corpus")
+    return arith.sft_corpus(problems, seed, arith.DEFAULT_SFT_MIX if mix is None else mix)
+
+
+def encode_corpus(tokenizer: Any, corpus: Sequence[tuple[str, str]], prompt_length: int,
+                  completion_length: int) -> SFTData:
+    """Tokenize (prompt, completion) pairs: BOS + prompt left padded to `prompt_length`,
+    completion + EOS right padded to `completion_length` (too long a text is an error)."""
+    if not corpus:
+        raise ValueError("encode_corpus: the corpus is empty")
+    prompts, prompt_mask = tokenizer.encode_batch([p for p, _ in corpus], prompt_length, left_pad=True, add_bos=True)
+    completions, completion_mask = tokenizer.encode_batch(
+        [c for _, c in corpus], completion_length, left_pad=False, add_eos=True)
+    return SFTData(prompts=jnp.asarray(prompts), prompt_mask=jnp.asarray(prompt_mask),
+                   completions=jnp.asarray(completions), completion_mask=jnp.asarray(completion_mask))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def completion_nll(graphdef: nnx.GraphDef, params: nnx.State, batch: SFTData) -> jax.Array:
+    """f32[]: mean negative log-likelihood per completion token (EOS included) of `batch`."""
+    logp, _ = sequence_logprobs(graphdef, params, batch.prompts, batch.prompt_mask,
+                                batch.completions, batch.completion_mask)
+    return -jnp.sum(logp) / jnp.maximum(jnp.sum(batch.completion_mask), 1)
+
+
+def sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+    """AdamW under warmup + cosine decay, after a global-norm clip at 1."""
+    warmup = int(cfg.warmup_fraction * cfg.steps)
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
+        decay_steps=max(cfg.steps, warmup + 1), end_value=cfg.learning_rate * cfg.final_lr_fraction)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg"))
+def _sft_scan(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, key: jax.Array, cfg: SFTConfig):
+    optimizer = sft_optimizer(cfg)
+    replace = cfg.batch_size > data.size
+    grad_fn = jax.value_and_grad(lambda p, batch: completion_nll(graphdef, p, batch))
+
+    def step(carry, index):
+        params, opt_state = carry
+        rows = jax.random.choice(jax.random.fold_in(key, index), data.size, (cfg.batch_size,), replace=replace)
+        loss, grads = grad_fn(params, jax.tree_util.tree_map(lambda x: x[rows], data))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(cfg.steps))
+    return params, losses
+
+
+def train_sft(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, cfg: SFTConfig
+              ) -> tuple[nnx.State, jax.Array]:
+    """Run `cfg.steps` supervised steps in one jitted scan -> (params, losses f32[steps]).
+
+    The loss of step s is measured on its batch before that step's update. Step s draws
+    its batch with `fold_in(key(cfg.seed + 1), s)`, so the run is deterministic; one
+    compilation serves every call with the same graphdef, config and data shapes.
+    """
+    if cfg.steps == 0:
+        return params, jnp.zeros((0,), jnp.float32)
+    # the seed only makes the key, so runs that differ in it share one compilation
+    return _sft_scan(graphdef, params, data, jax.random.key(cfg.seed + 1), dataclasses.replace(cfg, seed=0))
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def _array_digest(tree: Any) -> str:
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(tree):
+        host = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{host.dtype}{host.shape}".encode())
+        digest.update(host.tobytes())
+    return digest.hexdigest()
+
+
+def cache_key(model_cfg: ModelConfig, sft_cfg: SFTConfig, data: SFTData, domain_name: str) -> str:
+    """sha256 hex digest of everything the trained base policy depends on."""
+    description = {
+        "code_version": SFT_CODE_VERSION,
+        "domain": domain_name,
+        "model": dataclasses.asdict(model_cfg),
+        "sft": dataclasses.asdict(sft_cfg),
+        "data": _array_digest(data),
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
+
+
+def _flat_arrays(params: Any) -> dict[str, np.ndarray]:
+    return {jax.tree_util.keystr(path): np.asarray(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def save_policy(path: str, params: nnx.State, losses: jax.Array) -> None:
+    """Write params (keyed by tree path) and the SFT losses to `path` (.npz) atomically."""
+    arrays = _flat_arrays(params)
+    if _LOSSES_KEY in arrays:
+        raise ValueError(f"save_policy: a parameter path collides with {_LOSSES_KEY!r}")
+    arrays[_LOSSES_KEY] = np.asarray(losses, np.float32)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp_path = tempfile.mkstemp(prefix=".base_policy.", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        raise
+    fsync_directory(directory)
+
+
+def load_policy(path: str, model_cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State, np.ndarray]:
+    """(graphdef, params, SFT losses) stored by `save_policy` for a model of `model_cfg`."""
+    graphdef, template = abstract_model(model_cfg)
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(template)
+    with np.load(path) as stored:
+        leaves = []
+        for key_path, spec in leaves_with_paths:
+            name = jax.tree_util.keystr(key_path)
+            if name not in stored:
+                raise ValueError(f"load_policy: {path} has no parameter {name}")
+            value = stored[name]
+            if value.shape != spec.shape or value.dtype != spec.dtype:
+                raise ValueError(
+                    f"load_policy: {path} parameter {name} is {value.dtype}{list(value.shape)}, "
+                    f"the model needs {spec.dtype}{list(spec.shape)}")
+            leaves.append(jnp.asarray(value))
+        losses = np.asarray(stored[_LOSSES_KEY])
+    return graphdef, jax.tree_util.tree_unflatten(treedef, leaves), losses
+
+
+def base_policy(domain: TokenDomain, policy_cfg: Any, cache_dir: str | os.PathLike, *, seed: int = 0,
+                holdout_rows: Sequence[int] = ()) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params) of the domain's SFT base policy, loaded from `cache_dir` or built there.
+
+    policy_cfg: a `config.policy` block — model sizes, sft_steps, sft_lr, sft_batch_size and
+      optionally sft_extra_problems (fresh problems added to the corpus, default 0) and
+      sft_mix (style weights of the corpus completions, default the domain's).
+    holdout_rows: training rows kept out of the corpus (the outer loop's validation rows).
+    A JSON file next to the arrays records the configs and the loss curve's ends.
+    """
+    model_cfg = policy_model_config(domain, policy_cfg)
+    sft_cfg = sft_config_from(policy_cfg, seed)
+    extra = int(_optional_field(policy_cfg, "sft_extra_problems", 0))
+    mix = _optional_field(policy_cfg, "sft_mix", None)
+    corpus = domain_corpus(domain, seed, holdout_rows, extra, None if mix is None else dict(mix))
+    data = encode_corpus(domain.tokenizer, corpus, int(domain.train.prompts.shape[1]), int(domain.max_new_tokens))
+    key = cache_key(model_cfg, sft_cfg, data, domain.name)
+    path = os.path.join(os.fspath(cache_dir), f"{CACHE_PREFIX}{key[:24]}.npz")
+    if os.path.exists(path):
+        try:
+            graphdef, params, _ = load_policy(path, model_cfg)
+            return graphdef, params
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+            warnings.warn(f"base_policy: cached policy {path} is unreadable ({type(err).__name__}: {err}); "
+                          f"building it again", stacklevel=2)
+    graphdef, params = init_params(model_cfg, jax.random.key(seed))
+    params, losses = train_sft(graphdef, params, data, sft_cfg)
+    save_policy(path, params, losses)
+    losses = np.asarray(losses, np.float64)
+    atomic_write_json(path[: -len(".npz")] + ".json", {
+        "cache_key": key,
+        "domain": domain.name,
+        "model": dataclasses.asdict(model_cfg),
+        "sft": dataclasses.asdict(sft_cfg),
+        "corpus_size": data.size,
+        "extra_problems": extra,
+        "mix": None if mix is None else {str(k): float(v) for k, v in dict(mix).items()},
+        "held_out_rows": len(set(int(r) for r in np.asarray(holdout_rows).reshape(-1))),
+        "first_loss": float(losses[0]) if losses.size else None,
+        "final_loss": float(losses[-1]) if losses.size else None,
+    })
+    return graphdef, params

@@ -1,0 +1,283 @@
+"""The inner loop (derl_jax.rl.inner): K GRPO policies under K reward programs in one call.
+
+One K=3 training from the small SFT base policy (tests/test_sft.py) is shared by most
+tests: outcome only, outcome + format terms, and a program that is NaN everywhere.
+Everything compiles with a low XLA optimisation level (compile time dominates these tests;
+the level changes speed, not results).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from derl_jax.expr import compile_expr, parse, stack_programs
+from derl_jax.rl import inner
+from derl_jax.rl.grpo import GRPOConfig
+from test_inner_sharding import INNER as TINY_INNER
+from test_inner_sharding import KEY as TINY_KEY
+from test_inner_sharding import setup as tiny_setup
+from test_inner_sharding import unsharded_results as tiny_unsharded_results
+from test_sft import greedy_texts, reference_correct, small_base_policy
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+STEPS = 24
+INNER = inner.InnerConfig(steps=STEPS, prompts_per_step=8, group_size=4, max_new_tokens=28,
+                          grpo=GRPOConfig(learning_rate=3e-4), eval_batch_size=64)
+EXPRESSIONS = ("g1", "g1 + 0.5*g2*g3", "g1/(g2-g2)")
+ROLLOUTS = INNER.prompts_per_step * INNER.group_size
+KEY = jax.random.key(7)
+
+
+def arith_run_config(preset=None):
+    """A preset of configs/arith.py, loaded by path as the launcher does."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "arith.py")
+    spec = importlib.util.spec_from_file_location("arith_run_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(preset)
+
+
+def programs_of(texts, names):
+    return stack_programs([compile_expr(parse(text, list(names))) for text in texts])
+
+
+def leaves(tree):
+    return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+
+
+def row(tree, index):
+    return jax.tree_util.tree_map(lambda x: x[index], tree)
+
+
+def assert_trees_close(a, b, rtol=2e-4, atol=2e-5):
+    for x, y in zip(leaves(a), leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return small_base_policy()
+
+
+@pytest.fixture(scope="module")
+def evaluator(base):
+    return inner.InnerEvaluator(base.domain, base.graphdef, INNER, compiler_options=FAST_COMPILE)
+
+
+@pytest.fixture(scope="module")
+def programs(base):
+    return programs_of(EXPRESSIONS, base.domain.primitive_names)
+
+
+@pytest.fixture(scope="module")
+def results(base, evaluator, programs):
+    return evaluator.evaluate_candidates(programs, base.params, KEY, base.inner_train, base.validation)
+
+
+# ----------------------------------------------------------------------------- one K=3 run
+
+
+def test_results_have_one_row_per_candidate_and_step(base, evaluator, results):
+    assert results.scores.shape == (3,) and results.scores.dtype == np.float32
+    assert set(results.curves) == set(evaluator.search_loop.metric_names)
+    assert {f"primitive/{n}" for n in base.domain.primitive_names} <= set(results.curves)
+    for name, curve in results.curves.items():
+        assert curve.shape == (3, STEPS), name
+    for leaf, template in zip(leaves(results.params), leaves(base.params), strict=True):
+        assert leaf.shape == (3, *template.shape)
+    curves = results.curves
+    # the outcome-only reward is the correct primitive itself
+    np.testing.assert_allclose(curves["reward_mean"][0], curves["primitive/correct"][0], atol=1e-6)
+    # g1 <= g1 + 0.5*g2*g3 <= g1 + 0.5 for primitives in {0, 1}
+    assert np.all(curves["reward_mean"][1] >= curves["primitive/correct"][1] - 1e-6)
+    assert np.all(curves["reward_mean"][1] <= curves["primitive/correct"][1] + 0.5 + 1e-6)
+    assert np.all((curves["response_length"] >= 1) & (curves["response_length"] <= INNER.max_new_tokens))
+    assert np.all(curves["clip_fraction"] >= 0) and np.all(curves["clip_fraction"] <= 1)
+    np.testing.assert_allclose(curves["kl"][:, 0], 0.0, atol=1e-6)  # step 0 updates the reference itself
+    np.testing.assert_allclose(curves["kl"][2], 0.0, atol=1e-6)  # the NaN program never moves the policy
+
+
+def test_nan_program_gives_zero_rewards_counted_and_no_update(base, results):
+    curves = results.curves
+    np.testing.assert_array_equal(curves["nonfinite"][2], ROLLOUTS)
+    np.testing.assert_array_equal(curves["nonfinite"][:2], 0)
+    np.testing.assert_array_equal(curves["reward_mean"][2], 0.0)
+    np.testing.assert_array_equal(curves["grad_norm"][2], 0.0)
+    assert all(np.all(np.isfinite(leaf)) for leaf in leaves(results.params))
+    # zero advantages everywhere: the policy never moves
+    for trained, initial in zip(leaves(row(results.params, 2)), leaves(base.params), strict=True):
+        np.testing.assert_array_equal(trained, initial)
+
+
+def test_grpo_on_the_outcome_raises_validation_accuracy(base, evaluator, results):
+    before = evaluator.accuracy(base.params, base.validation)
+    after = float(results.scores[0])
+    print(f"greedy validation accuracy: base {before:.3f}, after {STEPS} GRPO steps on g1 {after:.3f}, "
+          f"on {EXPRESSIONS[1]} {results.scores[1]:.3f}")
+    assert after >= before + 0.05
+    # the format reward helps too; the NaN program's policy is the base policy
+    assert results.scores[1] >= before + 0.05
+    assert results.scores[2] == pytest.approx(before)
+
+
+def test_accuracy_matches_a_text_level_reference(base, evaluator):
+    validation = base.validation
+    answers = np.asarray(validation.context["answer_value"])
+    texts = greedy_texts(base, validation)
+    reference = np.mean([reference_correct(t, a) for t, a in zip(texts, answers)])
+    assert evaluator.accuracy(base.params, validation) == pytest.approx(reference, abs=1e-6)
+
+
+def test_vmapped_candidates_equal_separate_train_calls(base, evaluator, programs, results):
+    keys = jax.random.split(KEY, 3)
+    for k in range(3):
+        params, curves = evaluator.train_final(row(programs, k), base.params, keys[k], base.inner_train)
+        assert_trees_close(params, row(results.params, k))
+        for name, curve in curves.items():
+            np.testing.assert_allclose(curve, results.curves[name][k], rtol=2e-4, atol=2e-5, err_msg=name)
+    assert evaluator.cache_sizes()["train"] == 1  # one compilation for the three programs
+
+
+@pytest.mark.parametrize("chunk_size, kl_metric", [(1, True), (3, False)])
+def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
+    # the tiny SFT policy of the sharding tests: cheap to compile, and its rollouts differ in reward
+    domain, graphdef, params, programs, train, validation = tiny_setup()
+    vmapped = tiny_unsharded_results()
+    cfg = TINY_INNER.replace(chunk_size=chunk_size, kl_metric=kl_metric)
+    chunked = inner.InnerEvaluator(domain, graphdef, cfg, compiler_options=FAST_COMPILE)
+    results = chunked.evaluate_candidates(programs, params, TINY_KEY, train, validation)
+    assert np.all(vmapped.curves["grad_norm"].max(axis=1) > 0)
+    np.testing.assert_allclose(results.scores, vmapped.scores, atol=1e-6)
+    assert_trees_close(results.params, vmapped.params)
+    # without the KL metric (kl_coef is 0) nothing but the "kl" curve changes
+    assert set(results.curves) == set(vmapped.curves) - ({"kl"} if not kl_metric else set())
+    for name, values in results.curves.items():
+        np.testing.assert_allclose(values, vmapped.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_same_seed_same_result_and_programs_are_data(base, evaluator, results):
+    compiled = evaluator.cache_sizes()
+    assert compiled["train_many"] == 1
+    texts = (EXPRESSIONS[0], "g1*g2 - 0.1", "max(g1, u*g3)")
+    other = evaluator.evaluate_candidates(programs_of(texts, base.domain.primitive_names), base.params, KEY,
+                                          base.inner_train, base.validation)
+    assert evaluator.cache_sizes() == compiled  # new expressions: no new compilation
+    # candidate 0 has the same program and key as before: the same policy, bit for bit
+    for a, b in zip(leaves(row(other.params, 0)), leaves(row(results.params, 0)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(other.curves["reward_mean"][0], results.curves["reward_mean"][0])
+    assert other.scores[0] == results.scores[0]
+    assert not np.array_equal(other.curves["reward_mean"][1:], results.curves["reward_mean"][1:])
+
+
+def test_every_primitive_carries_signal_in_the_base_policys_rollouts(base, results):
+    step_zero = {name: results.curves[f"primitive/{name}"][:, 0].mean() for name in base.domain.primitive_names}
+    print("primitive means over the base policy's first rollouts:", step_zero)
+    assert all(0.05 < value < 0.95 for value in step_zero.values())
+
+
+def test_loop_dispatch_equals_batched(base, evaluator, programs, results):
+    looped = evaluator.with_dispatch("loop").evaluate_candidates(programs, base.params, KEY, base.inner_train,
+                                                                 base.validation)
+    np.testing.assert_allclose(looped.scores, results.scores, atol=1e-6)
+    assert_trees_close(looped.params, results.params)
+    for name, values in looped.curves.items():
+        np.testing.assert_allclose(values, results.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    assert evaluator.cache_sizes()["train"] == 1  # the compilation `train_final` made serves every candidate
+
+
+# ----------------------------------------------------------------------------- small pieces
+
+
+def test_map_candidates_chunks_keep_the_candidate_order():
+    def fn(x, y):
+        return {"sum": x["a"] * 10 + y, "pair": jnp.stack([x["a"], x["b"]])}
+
+    xs = {"a": jnp.arange(6.0), "b": -jnp.arange(6.0)}
+    full = inner.map_candidates(fn, (0, None), 0, None)(xs, 1.0)
+    for chunk in (1, 2, 3, 6):
+        chunked = jax.jit(inner.map_candidates(fn, (0, None), chunk, None))(xs, 1.0)
+        for name in full:
+            np.testing.assert_array_equal(np.asarray(chunked[name]), np.asarray(full[name]))
+    np.testing.assert_array_equal(np.asarray(full["sum"]), np.arange(6.0) * 10 + 1)
+    with pytest.raises(ValueError, match="6 candidates do not split into chunks of chunk_size=4"):
+        inner.map_candidates(fn, (0, None), 4, None)(xs, 1.0)
+
+
+def test_padded_count():
+    assert [inner.padded_count(k, 0, 1) for k in (1, 2, 3)] == [1, 2, 3]
+    assert [inner.padded_count(k, 4, 1) for k in (1, 4, 5)] == [4, 4, 8]
+    assert [inner.padded_count(k, 0, 4) for k in (1, 3, 5)] == [4, 4, 8]
+    assert inner.padded_count(3, 8, 4) == 8
+
+
+def test_bad_inputs_are_named(base, evaluator, programs):
+    with pytest.raises(ValueError, match="InnerConfig.group_size=0"):
+        INNER.replace(group_size=0)
+    with pytest.raises(ValueError, match="minibatches=3 must divide the 32 rollouts"):
+        INNER.replace(grpo=GRPOConfig(minibatches=3))
+    stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), base.params)
+    with pytest.raises(ValueError, match="init_params must be one policy"):
+        evaluator.evaluate_candidates(programs, stacked, KEY, base.inner_train, base.validation)
+    with pytest.raises(ValueError, match="init_params must be one policy"):
+        evaluator.with_dispatch("loop").evaluate_candidates(programs, stacked, KEY, base.inner_train, base.validation)
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        evaluator.with_dispatch("threads")
+    with pytest.raises(ValueError, match="programs must be a stacked Program"):
+        evaluator.evaluate_candidates(row(programs, 0), base.params, KEY, base.inner_train, base.validation)
+    with pytest.raises(ValueError, match="one policy has ranks"):
+        inner.params_candidate_axis(base.graphdef, jax.tree_util.tree_map(lambda x: x[None, None], base.params))
+
+
+def test_inner_config_from_the_run_config():
+    from derl_jax.domains.arith import make_arith_domain
+
+    cfg = arith_run_config()
+    domain = make_arith_domain(cfg.domain)
+    built = inner.inner_config_from_run(cfg, domain)
+    assert (built.steps, built.prompts_per_step, built.group_size) == (cfg.inner.steps, cfg.inner.prompts_per_step,
+                                                                      cfg.inner.group_size)
+    assert built.grpo.learning_rate == cfg.inner.lr and built.grpo.kl_coef == cfg.inner.kl
+    assert built.grpo.group_size == cfg.inner.group_size
+    assert built.max_new_tokens == domain.max_new_tokens and built.chunk_size == cfg.inner.chunk_size
+    assert inner.inner_config_from_run(cfg, domain, steps=3).steps == 3
+    del cfg.inner["lr"]
+    with pytest.raises(ValueError, match="config.inner has no field 'lr'"):
+        inner.inner_config_from_run(cfg, domain)
+
+
+def test_run_level_evaluator_and_base_policy(tmp_path, monkeypatch):
+    import json
+
+    from derl_jax.domains.arith import make_arith_domain
+    from derl_jax.meta.protocol import split_train
+    from derl_jax.rl import sft
+
+    cfg = arith_run_config("smoke")
+    domain = make_arith_domain(cfg.domain)
+    evaluator = inner.make_evaluator(domain, cfg)
+    assert evaluator.dispatch == "loop"  # "auto" on one CPU device
+    assert evaluator.final_loop.cfg.steps == cfg.final.steps and evaluator.cfg.steps == cfg.inner.steps
+    cfg.mesh.cand = 2
+    assert inner.make_evaluator(domain, cfg).dispatch == "batched"
+    cfg.mesh.cand = 1
+    cfg.inner.dispatch = "batched"
+    assert inner.make_evaluator(domain, cfg).dispatch == "batched"
+
+    # the base policy's corpus leaves out exactly the validation rows of the run's split
+    rows = inner.validation_rows(domain.train.size, cfg.outer.split_seed)
+    _, validation = split_train(domain.train, cfg.outer.split_seed)
+    np.testing.assert_array_equal(np.asarray(domain.train.take(rows).prompts), np.asarray(validation.prompts))
+    seen = []
+    monkeypatch.setattr(sft, "train_sft", lambda g, p, data, c: (seen.append(data.size), (p, jnp.zeros(c.steps)))[1])
+    params = inner.base_policy(domain, cfg, tmp_path)
+    assert seen == [domain.train.size - rows.size]
+    (record,) = [json.load(open(path)) for path in (tmp_path / "base_policy").glob("*.json")]
+    assert record["held_out_rows"] == rows.size and record["corpus_size"] == seen[0]
+    assert inner.params_candidate_axis(evaluator.graphdef, params) is None
