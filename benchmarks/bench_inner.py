@@ -104,7 +104,8 @@ def time_loop(loop, params, programs, keys, dataset, repeats: int, compiled_cach
         if device not in compiled_cache:
             start = time.perf_counter()
             program, key = jax.device_put(singles[0], device)
-            compiled_cache[device] = jax.jit(loop.train).lower(placed[index][0], program, key, placed[index][1]).compile()
+            lowered = jax.jit(loop.train).lower(placed[index][0], program, key, placed[index][1])
+            compiled_cache[device] = lowered.compile()
             compile_s += time.perf_counter() - start
 
     def run_all():
@@ -202,7 +203,8 @@ def char_tokenizer(domain):
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     bos = names[domain.tokenizer.bos_id]
-    core.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, domain.tokenizer.bos_id)])
+    core.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                        special_tokens=[(bos, domain.tokenizer.bos_id)])
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token=bos, eos_token=names[domain.eos_id],
                                    pad_token=names[domain.pad_id], padding_side="left")
 
@@ -227,7 +229,8 @@ def trl_row(args, domain, model_cfg) -> dict:
     model.generation_config.pad_token_id = domain.pad_id
     model.generation_config.eos_token_id = domain.eos_id
     problems = domain.info["train_problems"]
-    dataset = datasets.Dataset.from_dict({"prompt": [p.prompt for p in problems], "answer": [p.answer for p in problems]})
+    dataset = datasets.Dataset.from_dict({"prompt": [p.prompt for p in problems],
+                                          "answer": [p.answer for p in problems]})
     step_ends: list[float] = []
 
     class StepTimer(transformers.TrainerCallback):
@@ -280,7 +283,8 @@ def main(argv=None) -> dict:
                        key=lambda r: r["grpo_steps_per_s"])
             summary[f"best_batched_vs_loop_K{count}"] = best["speedup_vs_loop"]
     summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"], "max_new_tokens": DOMAIN["max_new_tokens"],
+    config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"],
+              "max_new_tokens": DOMAIN["max_new_tokens"],
               "prompts_per_step": args.prompts, "group_size": args.group, "steps": args.steps,
               "candidates": args.candidates, "chunk_size": args.chunk}
     columns = ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",

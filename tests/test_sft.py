@@ -6,10 +6,12 @@ from; it is built once per process.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import glob
 import os
+import shutil
 import tempfile
 
 import jax
@@ -66,6 +68,7 @@ def small_base_policy() -> BaseSetup:
     domain = make_arith_domain(SMALL_DOMAIN)
     rows = inner.validation_rows(domain.train.size, SPLIT_SEED)
     cache_dir = tempfile.mkdtemp(prefix="derl_sft_test_")
+    atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
     graphdef, params = sft.base_policy(domain, SMALL_POLICY, cache_dir, seed=0, holdout_rows=rows)
     (cache_file,) = glob.glob(os.path.join(cache_dir, "*.npz"))
     _, _, losses = sft.load_policy(cache_file, sft.policy_model_config(domain, SMALL_POLICY))

@@ -340,7 +340,8 @@ def make_inner_loop(domain: TokenDomain, graphdef: nnx.GraphDef, cfg: InnerConfi
             params, opt_state, update = grpo_update(params, opt_state, update_batch, update_key,
                                                     completion_logprobs, optimizer, cfg.grpo)
             metrics = {"reward_mean": jnp.mean(rewards)}
-            metrics.update({f"primitive/{name}": jnp.mean(prims[:, j]) for j, name in enumerate(domain.primitive_names)})
+            metrics.update({f"primitive/{name}": jnp.mean(prims[:, j])
+                            for j, name in enumerate(domain.primitive_names)})
             metrics.update(nonfinite=nonfinite, kl=update["kl"], entropy=update["entropy"],
                            clip_fraction=update["clip_fraction"], loss=update["loss"],
                            grad_norm=update["grad_norm"],
@@ -489,9 +490,11 @@ class InnerEvaluator:
         copies and trained by `loop`, outputs left on the mesh (sharded over 'cand')."""
         ops = np.asarray(programs.ops)
         if ops.ndim != 2 or ops.shape[0] < 1:
-            raise ValueError(f"evaluate_candidates: programs must be a stacked Program[K] with K >= 1, got ops shape {ops.shape}")
+            raise ValueError(
+                f"evaluate_candidates: programs must be a stacked Program[K] with K >= 1, got ops shape {ops.shape}")
         if params_candidate_axis(self.graphdef, init_params) is not None:
-            raise ValueError("evaluate_candidates: init_params must be one policy (shared by every candidate), not a stack")
+            raise ValueError(
+                "evaluate_candidates: init_params must be one policy (shared by every candidate), not a stack")
         count = ops.shape[0]
         padded = padded_count(count, self.cfg.chunk_size, self._cand_size)
         rows = np.arange(padded) % count
@@ -530,7 +533,8 @@ class InnerEvaluator:
         """`evaluate_candidates` with one `train` and one `accuracy` call per candidate."""
         ops = np.asarray(programs.ops)
         if ops.ndim != 2 or ops.shape[0] < 1:
-            raise ValueError(f"evaluate_candidates: programs must be a stacked Program[K] with K >= 1, got ops shape {ops.shape}")
+            raise ValueError(
+                f"evaluate_candidates: programs must be a stacked Program[K] with K >= 1, got ops shape {ops.shape}")
         keys = jax.random.split(key, ops.shape[0])
         # every call is dispatched before any result is read, so the calls overlap
         trained = [self._train_one(self.search_loop, _take_rows(programs, k), init_params, keys[k], train_set)
@@ -544,7 +548,8 @@ class InnerEvaluator:
     def _train_one(self, loop: InnerLoop, program: Program, init_params: Any, key, train_set: TokenDataset):
         """(params, metrics name -> [S]) of one jitted `loop.train` call, left on the device."""
         if np.ndim(program.ops) != 1:
-            raise ValueError(f"InnerEvaluator: program must be one unstacked Program, got ops shape {np.shape(program.ops)}")
+            raise ValueError(
+                f"InnerEvaluator: program must be one unstacked Program, got ops shape {np.shape(program.ops)}")
         if params_candidate_axis(self.graphdef, init_params) is not None:
             raise ValueError("InnerEvaluator: init_params must be one policy (shared by every candidate), not a stack")
         specs = self._policy_specs(init_params)
@@ -570,7 +575,8 @@ class InnerEvaluator:
     def with_dispatch(self, dispatch: str) -> "InnerEvaluator":
         """This evaluator with another dispatch mode, sharing its loops and compiled functions."""
         if dispatch not in DISPATCH_MODES:
-            raise ValueError(f"InnerEvaluator.with_dispatch: dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+            raise ValueError(
+                f"InnerEvaluator.with_dispatch: dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
         other = copy.copy(self)
         other.dispatch = dispatch
         return other
