@@ -77,9 +77,11 @@ def _default() -> ml_collections.ConfigDict:
             "num_heads": 4,
             "num_kv_heads": 2,
             "head_dim": 16,
-            "sft_steps": 300,
+            "sft_steps": 600,
             "sft_lr": 3e-3,
             "sft_batch_size": 64,
+            "sft_extra_problems": 1000,
+            "sft_mix": {"steps": 0.35, "no_box": 0.35, "no_steps": 0.1, "wrong_step": 0.1, "plain": 0.1},
         }
     )
     cfg.inner = ml_collections.ConfigDict(
@@ -129,7 +131,10 @@ def _default() -> ml_collections.ConfigDict:
 def _smoke(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     cfg.name = "arith_smoke"
     cfg.domain.update(num_train=40, num_test=20, levels=(1,), max_new_tokens=16)
-    cfg.policy.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, sft_steps=20, sft_batch_size=16)
+    cfg.policy.update(
+        hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, sft_steps=20, sft_batch_size=16,
+        sft_extra_problems=0,
+    )
     cfg.inner.update(steps=2, prompts_per_step=4, group_size=2)
     cfg.meta.update(
         hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
