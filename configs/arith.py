@@ -3,7 +3,7 @@
 Presets (`--config=configs/arith.py:<preset>`):
 
   default  the full comparison: derl, derl_pop, random, evolution and the three fixed
-           baselines (outcome, outcome_format, average) over 2 seeds, with tiny models.
+           baselines (outcome, outcome_format, average) over 3 seeds, with tiny models.
            Target run time: under 15 minutes on a 2-core CPU:
 
       python launch/run.py --config=configs/arith.py --mode=compare --workdir=runs/arith
@@ -123,7 +123,7 @@ def _default() -> ml_collections.ConfigDict:
         {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
     )
     cfg.final = ml_collections.ConfigDict({"steps": 24})
-    cfg.compare = ml_collections.ConfigDict({"methods": ALL_METHODS, "seeds": (0, 1), "per_iteration_test": False})
+    cfg.compare = ml_collections.ConfigDict({"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False})
     cfg.mesh = ml_collections.ConfigDict({"cand": 1, "data": 1, "model": 1})
     return cfg
 
