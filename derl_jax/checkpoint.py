@@ -27,7 +27,7 @@ import tempfile
 import time
 import warnings
 import zlib
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 import jax
 import numpy as np
@@ -54,8 +54,8 @@ class CheckpointError(RuntimeError):
 # --------------------------------------------------------------------------- side files
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Replace the file at `path` with `text` so readers see the old or the new file, never a mix.
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Replace the file at `path` with what `write(handle)` writes, so readers see the old or the new file.
 
     Writes a temporary file in the same directory, fsyncs it, renames it over `path` and
     fsyncs the directory so the rename itself survives a crash.
@@ -65,8 +65,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     os.makedirs(directory, exist_ok=True)
     fd, tmp_path = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_path, path)
@@ -75,6 +75,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             os.remove(tmp_path)
         raise
     fsync_directory(directory)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Replace the file at `path` with `text` atomically (see `atomic_write`)."""
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:

@@ -30,7 +30,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 import zipfile
 from typing import Any, Mapping, Sequence
@@ -41,7 +40,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from derl_jax.checkpoint import atomic_write_json, fsync_directory
+from derl_jax.checkpoint import atomic_write, atomic_write_json
 from derl_jax.domains.base import TokenDomain
 from derl_jax.models.sampling import sequence_logprobs
 from derl_jax.models.transformer import ModelConfig, abstract_model, init_params, tiny_config
@@ -276,20 +275,7 @@ def save_policy(path: str, params: nnx.State, losses: jax.Array) -> None:
     if _LOSSES_KEY in arrays:
         raise ValueError(f"save_policy: a parameter path collides with {_LOSSES_KEY!r}")
     arrays[_LOSSES_KEY] = np.asarray(losses, np.float32)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(prefix=".base_policy.", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
-    fsync_directory(directory)
+    atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
 def load_policy(path: str, model_cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State, np.ndarray]:
