@@ -61,9 +61,8 @@ class TokenDomain:
     primitives: ordered; the i-th is `g{i+1}` in reward expressions.
     outcome_index: which primitive is task success (the validation metric and `outcome`).
     train, test: the domain's splits; the outer loop cuts validation out of `train` itself.
-    rollout_context: maps (rollout, context) to the arguments device primitives receive;
-      rollout = {"tokens": i32[N, T], "mask": bool[N, T]} (generated tokens, True up to and
-      including EOS).
+    Device primitives receive rollout = {"tokens": i32[N, T], "mask": bool[N, T]} (generated
+    tokens, mask True up to and including EOS) and the matching rows of the split's context.
     """
 
     name: str
