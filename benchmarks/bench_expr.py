@@ -6,8 +6,8 @@
 For each N it times, after a warm-up, the median of `--repeats` runs of:
 
 * vm eval:        `evaluate_batch_threaded` (the jitted `evaluate_batch`, programs one after
-                  another over row tiles, on K/threads programs per host thread) on K
-                  pre-stacked programs -> f32[K, N] on the host;
+                  another over row tiles, on chunks of programs that the host threads take
+                  in turn) on K pre-stacked programs -> f32[K, N] on the host;
 * vm eval (1 thread): `evaluate_batch` on all K programs from one thread;
 * vm compile+stack only: `compile_expr` of the K trees + `stack_programs` (its share);
 * vm end-to-end:  `compile_expr` of the K trees + `stack_programs` + the threaded evaluation;

@@ -33,8 +33,8 @@ from derl_jax.expr import (
     to_sympy,
     to_text,
 )
-from derl_jax.expr.program import min_nodes_for_stack_depth, stack_need
-from derl_jax.expr.vm import evaluate_batch_threaded
+from derl_jax.expr.program import NOP, Program, min_nodes_for_stack_depth, stack_need
+from derl_jax.expr.vm import _decode, evaluate_batch_threaded
 from expr_strategies import exprs
 
 NUM_PRIMS = 4
@@ -364,3 +364,92 @@ def test_power_constant_exponent_paths_keep_the_rules():
         np.testing.assert_allclose(got, expected, rtol=3e-7, equal_nan=True, err_msg=text)
     root = np.asarray(_jit_evaluate(compile_expr(parse("g1**0.5")), prims, 0.0))
     assert not np.signbit(root[1])  # (-0.0) ** 0.5 is +0.0, as pow gives
+
+
+# ----------------------------------------------------------------------------- micro-ops
+
+
+@pytest.mark.parametrize(
+    "text, steps",
+    [
+        ("g1", 1),
+        ("u", 1),
+        ("g1+g2", 1),  # both leaves are read in place
+        ("-(-abs(-g1))", 1),  # NEG / ABS fold into the step that computes their operand
+        ("abs(g1-g2)*-g3", 3),  # -g3 is a lone leaf (a COPY), then SUB (with its abs), then MUL
+        ("clip(g1, 0, 1)", 1),
+        ("g1*(g2+g3)", 2),
+        ("g1-(g2-(g3-g4))", 3),
+        ("max(g1, g2)/(g3+1)", 3),
+    ],
+)
+def test_micro_ops_read_leaves_in_place_and_absorb_unary_operators(text, steps):
+    program = compile_expr(parse(text))
+    assert int(_decode(program.ops, program.args, program.size, NUM_PRIMS, 0.5)[-1]) == steps
+    got = np.asarray(_jit_evaluate(program, POINTS, 0.5))
+    np.testing.assert_allclose(got, evaluate_numpy(parse(text), POINTS, 0.5), rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def _with_nops(program, positions):
+    """The program with a NOP inserted before each instruction index in `positions` (host arrays)."""
+    size = int(program.size)
+    ops, args = [], []
+    for i in range(size + 1):
+        ops.extend([NOP] * positions.count(i))
+        args.extend([0.0] * positions.count(i))
+        if i < size:
+            ops.append(int(program.ops[i]))
+            args.append(float(program.args[i]))
+    length = max(len(ops), program.length)
+    pad = length - len(ops)
+    return Program(ops=np.asarray(ops + [NOP] * pad, np.int32), args=np.asarray(args + [0.0] * pad, np.float32),
+                   size=np.asarray(len(ops), np.int32))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(exprs(NUM_PRIMS, max_leaves=12), st.lists(st.integers(0, 40), max_size=6), st.sampled_from([0.0, 0.7]))
+def test_nops_anywhere_change_nothing(expr, positions, u):
+    # NOPs between a leaf and its operator, or inside a chain of NEG / ABS, must not change values
+    # (only rounding: a NOP before a power keeps its constant exponent from taking the
+    # square / cube / square-root path in place, so it takes the general one)
+    program = compile_expr(expr)
+    padded = _with_nops(program, [p % (int(program.size) + 1) for p in positions])
+    want = np.asarray(_jit_evaluate(program, POINTS, np.float32(u)))
+    got = np.asarray(_jit_evaluate(padded, POINTS, np.float32(u)))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, equal_nan=True)
+    np.testing.assert_array_equal(evaluate_numpy(padded, POINTS, u), evaluate_numpy(program, POINTS, u))
+
+
+def test_batch_paths_agree_on_uneven_batches_with_empty_programs():
+    texts = ["g1*g2 - u", "clip(g1/(g2+1), u, 1) - abs(g4)**1.5", None, "-(g3**0.5)", "g1" + "+g2*u" * 12]
+    empty = Program(ops=np.zeros(MAX_PROGRAM_LENGTH, np.int32), args=np.zeros(MAX_PROGRAM_LENGTH, np.float32),
+                    size=np.asarray(0, np.int32))
+    programs = [compile_expr(parse(t)) if t else empty for t in texts]
+    batch = stack_programs(programs)  # K = 5, sizes up to 49; the stack is reused from one program to the next
+    want = np.stack([np.asarray(_jit_evaluate(p, POINTS, 0.4)) for p in programs])
+    assert not want[2].any()  # an empty program gives zeros
+    for text, values in zip(texts, want):
+        if text:
+            np.testing.assert_allclose(values, evaluate_numpy(parse(text), POINTS, 0.4), rtol=1e-6, atol=1e-7,
+                                       equal_nan=True)
+    for batch_size, row_tile in ((None, None), (None, 8), (2, None), (2, 8)):
+        got = np.asarray(evaluate_batch(batch, POINTS, np.float32(0.4), batch_size=batch_size, row_tile=row_tile))
+        np.testing.assert_array_equal(got, want, err_msg=f"batch_size={batch_size} row_tile={row_tile}")
+    for threads, chunk in ((1, None), (2, 2), (3, 1)):
+        got = evaluate_batch_threaded(batch, POINTS, 0.4, threads=threads, chunk=chunk, row_tile=8)
+        np.testing.assert_array_equal(got, want, err_msg=f"threads={threads} chunk={chunk}")
+
+
+@pytest.mark.parametrize("u", [2.0, 3.0, 0.5, 1.5, -1.0])
+def test_power_with_a_scalar_exponent_from_u_keeps_the_rules(u):
+    # u as the exponent is a scalar known only at run time: 2, 3, 0.5 take the special paths
+    g1 = np.array([-2.0, -0.0, 0.0, 0.25, 3.0, 1e20, -1.5, 7.0], np.float32)
+    prims = np.stack([g1, g1, g1, g1], axis=1)
+    expr = Binary("**", Prim(0, "g1"), Var("u"))
+    got = np.asarray(_jit_evaluate(compile_expr(expr), prims, np.float32(u)))
+    want = evaluate_numpy(expr, prims, u)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=3e-7, equal_nan=True)
+    root = np.asarray(_jit_evaluate(compile_expr(Binary("**", Unary("neg", Prim(0, "g1")), Var("u"))), prims, 0.5))
+    np.testing.assert_array_equal(np.isnan(root), g1 > 0)

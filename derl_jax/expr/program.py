@@ -22,7 +22,9 @@ which keeps every program within `STACK_SIZE` slots: for a binary operator, arg 
 left operand was pushed first (the right one is on top), arg 1 the reverse; for CLIP, arg is
 the index in `CLIP_ORDERS` of the push order of (x, lo, hi). With that ordering the deepest
 stack any tree of at most 128 nodes needs is 9 (`min_nodes_for_stack_depth` proves it), so
-`STACK_SIZE = 9`; `compile_expr` rejects anything deeper.
+`STACK_SIZE = 9`; `compile_expr` rejects anything deeper. Among operands that need the same
+depth, leaves are pushed last: the VM reads leaves pushed right before their operator in
+place, without a step of their own.
 """
 
 from __future__ import annotations
@@ -115,60 +117,52 @@ class ProgramError(ValueError):
 
 def stack_need(expr: Expr) -> int:
     """Stack slots `expr` needs when evaluated in the compiler's (Sethi-Ullman) order."""
-    return _need(expr, {})
+    return _compile(expr)[1]
 
 
-def _need(expr: Expr, memo: dict) -> int:
-    key = id(expr)
-    if key in memo:
-        return memo[key]
-    if isinstance(expr, (Num, Var, Prim)):
-        need = 1
-    elif isinstance(expr, Unary):
-        need = _need(expr.operand, memo)
-    else:
-        kids = (expr.left, expr.right) if isinstance(expr, Binary) else expr.args
-        needs = sorted((_need(k, memo) for k in kids), reverse=True)
-        need = max(n + j for j, n in enumerate(needs))
-    memo[key] = need
-    return need
+_LEAVES = (Num, Var, Prim)
 
 
-def _order(kids: Sequence[Expr], memo: dict) -> tuple[int, ...]:
-    """Push order of the children: the one needing the most stack first (stable on ties)."""
-    return tuple(sorted(range(len(kids)), key=lambda j: -_need(kids[j], memo)))
+def _compile(expr: Expr) -> tuple[list[tuple[int, float]], int]:
+    """(postfix (opcode, arg) list, stack need) of `expr`, in one pass over the tree.
 
-
-def _emit(expr: Expr, out: list, memo: dict) -> None:
-    if isinstance(expr, Num):
-        out.append((PUSH_CONST, float(expr.value)))
-    elif isinstance(expr, Var):
-        out.append((PUSH_U, 0.0))
-    elif isinstance(expr, Prim):
-        out.append((PUSH_PRIM, float(expr.index)))
-    elif isinstance(expr, Unary):
-        _emit(expr.operand, out, memo)
-        out.append((NEG, 0.0))
-    elif isinstance(expr, Binary):
-        order = _order((expr.left, expr.right), memo)
-        for j in order:
-            _emit((expr.left, expr.right)[j], out, memo)
-        out.append((BINARY_OPCODES[expr.op], 0.0 if order == (0, 1) else 1.0))
-    elif isinstance(expr, Call):
-        opcode = FUNCTION_OPCODES[expr.fn]
-        if opcode == ABS:
-            _emit(expr.args[0], out, memo)
-            out.append((ABS, 0.0))
-            return
-        order = _order(expr.args, memo)
-        for j in order:
-            _emit(expr.args[j], out, memo)
-        if opcode == CLIP:
-            out.append((CLIP, float(CLIP_ORDERS.index(order))))
-        else:
-            out.append((opcode, 0.0 if order == (0, 1) else 1.0))
-    else:
+    Children are pushed the one needing the most stack first (Sethi-Ullman); on ties leaves
+    go last, since a leaf pushed right before its operator is read in place by the VM (see
+    `vm.py`); otherwise the order is stable. A leaf needs 1 slot, a node whose children in
+    push order need n_0, n_1, ... needs max(n_j + j).
+    """
+    kind = type(expr)
+    if kind is Prim:
+        return [(PUSH_PRIM, float(expr.index))], 1
+    if kind is Num:
+        return [(PUSH_CONST, float(expr.value))], 1
+    if kind is Var:
+        return [(PUSH_U, 0.0)], 1
+    if kind is Binary:
+        (left, left_need), (right, right_need) = _compile(expr.left), _compile(expr.right)
+        right_first = right_need > left_need or (
+            right_need == left_need and type(expr.left) in _LEAVES and type(expr.right) not in _LEAVES)
+        if right_first:
+            right.extend(left)
+            right.append((BINARY_OPCODES[expr.op], 1.0))
+            return right, max(right_need, left_need + 1)
+        left.extend(right)
+        left.append((BINARY_OPCODES[expr.op], 0.0))
+        return left, max(left_need, right_need + 1)
+    if kind is Unary or (kind is Call and expr.fn == "abs"):
+        code, need = _compile(expr.operand if kind is Unary else expr.args[0])
+        code.append((NEG if kind is Unary else ABS, 0.0))
+        return code, need
+    if kind is not Call:
         raise TypeError(f"not an expression node: {expr!r}")
+    kids, opcode = expr.args, FUNCTION_OPCODES[expr.fn]
+    compiled = [_compile(kid) for kid in kids]
+    order = tuple(sorted(range(len(kids)), key=lambda j: (-compiled[j][1], type(kids[j]) in _LEAVES)))
+    code: list = []
+    for j in order:
+        code.extend(compiled[j][0])
+    code.append((opcode, float(CLIP_ORDERS.index(order)) if opcode == CLIP else 0.0 if order == (0, 1) else 1.0))
+    return code, max(compiled[j][1] + position for position, j in enumerate(order))
 
 
 def instructions(expr: Expr, num_primitives: int | None = None) -> list[tuple[int, float]]:
@@ -177,12 +171,9 @@ def instructions(expr: Expr, num_primitives: int | None = None) -> list[tuple[in
         for node in _nodes(expr):
             if isinstance(node, Prim) and not 0 <= node.index < num_primitives:
                 raise ProgramError(f"unknown primitive g{node.index + 1}: only g1..g{num_primitives} exist")
-    memo: dict = {}
-    need = _need(expr, memo)
+    out, need = _compile(expr)
     if need > STACK_SIZE:
         raise ProgramError(f"expression needs {need} stack slots, the VM has {STACK_SIZE}")
-    out: list = []
-    _emit(expr, out, memo)
     for opcode, arg in out:
         if opcode == PUSH_PRIM and arg < 0:
             raise ProgramError(f"negative primitive index {int(arg)}")
@@ -214,9 +205,8 @@ def compile_expr(expr: Expr, max_length: int = MAX_PROGRAM_LENGTH, num_primitive
         raise ProgramError(f"program has {len(code)} instructions, more than max_length={max_length}")
     ops = np.zeros(max_length, np.int32)
     args = np.zeros(max_length, np.float32)
-    for i, (opcode, arg) in enumerate(code):
-        ops[i] = opcode
-        args[i] = arg
+    if code:
+        ops[: len(code)], args[: len(code)] = zip(*code)
     return Program(ops=ops, args=args, size=np.asarray(len(code), np.int32))
 
 
