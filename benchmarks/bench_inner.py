@@ -2,6 +2,7 @@
 
     python benchmarks/bench_inner.py            # K = 1, 8, 32; a few minutes on 2 CPU cores
     python benchmarks/bench_inner.py --quick    # K = 1, 4, fewer steps
+    python benchmarks/bench_inner.py --k1       # only K = 1 (loop mode) against TRL: the per-step comparison
 
 Modes (the same `InnerLoop`, the same inputs):
   vmapped  `train_many` with every candidate vmapped in one compiled call
@@ -142,7 +143,7 @@ def jax_rows(args) -> tuple[list[dict], dict]:
     for count in args.candidates:
         programs = programs_for(count, domain.primitive_names)
         keys = jax.random.split(jax.random.key(1), count)
-        modes = [("vmapped", 0)]
+        modes = [] if args.k1 else [("vmapped", 0)]
         if count > 1:
             chunk = min(args.chunk, count)
             modes.append(("chunked", chunk))
@@ -260,8 +261,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="K = 1, 4 and fewer steps")
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
+    parser.add_argument("--k1", action="store_true", help="only K = 1 in loop mode (and TRL)")
     args = parser.parse_args(argv)
-    args.candidates = (1, 4) if args.quick else (1, 8, 32)
+    args.candidates = (1,) if args.k1 else (1, 4) if args.quick else (1, 8, 32)
     args.steps = 2 if args.quick else 8
     args.repeats = 1 if args.quick else 3
     args.prompts, args.group, args.chunk = 8, 4, 4

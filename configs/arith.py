@@ -25,7 +25,8 @@ Fields:
                            warm start (the "base policy" every method starts from)
   inner.*                  GRPO inner loop: steps per candidate, prompts per step, group size,
                            learning rate, KL weight, candidates trained at once (0: all),
-                           sampling temperature
+                           sampling temperature, whether the candidates of one outer
+                           iteration share their training key (common random numbers)
   meta.*                   the Meta-Optimizer: backbone ("scratch": a tiny model trained from
                            random init; "hf": a local Hugging Face checkpoint at `hf_path`),
                            model sizes, sampling temperature, the longest expression in
@@ -93,6 +94,7 @@ def _default() -> ml_collections.ConfigDict:
             "kl": 0.0,
             "chunk_size": 0,
             "temperature": 1.0,
+            "common_random_numbers": True,
         }
     )
     cfg.meta = ml_collections.ConfigDict(
@@ -111,13 +113,13 @@ def _default() -> ml_collections.ConfigDict:
             "cold_start_corpus": 256,
             "cold_start_steps": 150,
             "cold_start_lr": 3e-3,
-            "lr": 1e-4,
+            "lr": 3e-3,
             "kl": 0.01,
-            "epochs": 1,
+            "epochs": 3,
         }
     )
     cfg.outer = ml_collections.ConfigDict(
-        {"strategy": "derl", "iterations": 4, "num_candidates": 4, "split_seed": 0}
+        {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0}
     )
     cfg.evolution = ml_collections.ConfigDict(
         {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}

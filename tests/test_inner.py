@@ -135,7 +135,7 @@ def test_accuracy_matches_a_text_level_reference(base, evaluator):
 
 
 def test_vmapped_candidates_equal_separate_train_calls(base, evaluator, programs, results):
-    keys = jax.random.split(KEY, 3)
+    keys = evaluator.candidate_keys(KEY, 3)
     for k in range(3):
         params, curves = evaluator.train_final(row(programs, k), base.params, keys[k], base.inner_train)
         assert_trees_close(params, row(results.params, k))
@@ -159,6 +159,25 @@ def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
     assert set(results.curves) == set(vmapped.curves) - ({"kl"} if not kl_metric else set())
     for name, values in results.curves.items():
         np.testing.assert_allclose(values, vmapped.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_common_random_numbers_make_affine_equivalent_rewards_train_alike():
+    # group-normalised advantages do not change under r -> a*r + b (a > 0): with one shared key
+    # the two candidates train the same policy; with split keys they see different rollouts
+    domain, graphdef, params, _, train, validation = tiny_setup()
+    programs = programs_of(("g1 + g2", "2*(g1 + g2) + 1", "g1 + g2"), domain.primitive_names)
+    shared = inner.InnerEvaluator(domain, graphdef, TINY_INNER, compiler_options=FAST_COMPILE)
+    assert TINY_INNER.common_random_numbers
+    together = shared.evaluate_candidates(programs, params, TINY_KEY, train, validation)
+    assert_trees_close(row(together.params, 0), row(together.params, 1))
+    np.testing.assert_allclose(together.curves["primitive/correct"][0], together.curves["primitive/correct"][1],
+                               atol=1e-6)
+    split = inner.InnerEvaluator(domain, graphdef, TINY_INNER.replace(common_random_numbers=False),
+                                 compiler_options=FAST_COMPILE)
+    apart = split.evaluate_candidates(programs, params, TINY_KEY, train, validation)
+    assert not np.array_equal(apart.curves["response_length"][0], apart.curves["response_length"][2])
+    keys = split.candidate_keys(TINY_KEY, 3)
+    assert_trees_close(row(apart.params, 2), split.train_final(row(programs, 2), params, keys[2], train)[0])
 
 
 def test_same_seed_same_result_and_programs_are_data(base, evaluator, results):
@@ -246,7 +265,10 @@ def test_inner_config_from_the_run_config():
     assert built.grpo.learning_rate == cfg.inner.lr and built.grpo.kl_coef == cfg.inner.kl
     assert built.grpo.group_size == cfg.inner.group_size
     assert built.max_new_tokens == domain.max_new_tokens and built.chunk_size == cfg.inner.chunk_size
+    assert built.common_random_numbers is cfg.inner.common_random_numbers
     assert inner.inner_config_from_run(cfg, domain, steps=3).steps == 3
+    cfg.inner.common_random_numbers = False
+    assert not inner.inner_config_from_run(cfg, domain).common_random_numbers
     del cfg.inner["lr"]
     with pytest.raises(ValueError, match="config.inner has no field 'lr'"):
         inner.inner_config_from_run(cfg, domain)

@@ -185,6 +185,7 @@ def test_validate_config_names_the_bad_field():
         (("compare", "seeds"), (0, 0), "config.compare.seeds must not repeat values"),
         (("outer", "strategy"), "grid", "config.outer.strategy must be one of"),
         (("mesh", "cand"), 0, "config.mesh.cand must be a positive integer or -1"),
+        (("inner", "common_random_numbers"), "yes", "config.inner.common_random_numbers must be True or False"),
     ]
     for (section, field), value, message in cases:
         cfg = get_config("smoke").to_dict()  # a plain dict: ConfigDict would refuse some types itself

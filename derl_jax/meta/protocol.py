@@ -169,6 +169,10 @@ def validate_config(cfg: Any) -> None:
     _number(cfg, "inner.kl", minimum=0.0, strict=False)
     _int_at_least(cfg, "inner.chunk_size", 0)
     _number(cfg, "inner.temperature", minimum=0.0, strict=True)
+    inner_block = config_value(cfg, "inner")
+    if "common_random_numbers" in inner_block and not isinstance(inner_block["common_random_numbers"], bool):
+        raise ConfigError(f"config.inner.common_random_numbers must be True or False, "
+                          f"got {inner_block['common_random_numbers']!r}")
 
     backbone = _choice(cfg, "meta.backbone", ("scratch", "hf"))
     if backbone == "hf" and not str(config_value(cfg, "meta.hf_path")).strip():

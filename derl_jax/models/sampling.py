@@ -6,9 +6,13 @@ Prompt positions count real tokens only (the first real token is at position 0),
 padding keys are masked out, so a left-padded row gives the same result as the same prompt
 without padding. A row stops at its first `eos_id`; later tokens are `pad_id` and masked.
 
-`sequence_logprobs` recomputes, in one forward over prompt + completion, the log-probability
-of completion tokens under the model at a given temperature; at temperature 1 it equals
+`sequence_logprobs` recomputes, in one teacher-forced forward over prompt + completion (a
+prefill, then one cached forward over the completion), the log-probability of completion
+tokens under the model at a given temperature; at temperature 1 it equals
 `SampleOutput.logprobs` (the GRPO importance ratio uses these).
+
+Both take `group_size` G: when rows [i*G, (i+1)*G) hold the same prompt (GRPO's G samples
+per prompt), the prompt is run through the model once per group.
 
 Shapes: B batch, Tp prompt length, T = max_new_tokens generated tokens, V vocabulary.
 """
@@ -22,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from derl_jax.models.transformer import apply_hidden, apply_logits, config_of, init_cache
+from derl_jax.models.transformer import HeadMajorCache, apply_hidden, apply_logits, config_of, init_head_major_cache
 
 
 @runtime_checkable
@@ -97,6 +101,35 @@ def _check_prompts(where: str, prompts: jax.Array, prompt_mask: jax.Array) -> No
             f"{where}: prompt_mask shape {prompt_mask.shape} differs from prompts shape {prompts.shape}")
 
 
+def _check_group(where: str, batch: int, group_size: int) -> None:
+    if not isinstance(group_size, int) or group_size < 1 or batch % group_size:
+        raise ValueError(
+            f"{where}: group_size must be a positive int dividing the batch of {batch} rows, got {group_size!r}")
+
+
+def prefill(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
+            cache_length: int, group_size: int = 1) -> tuple[jax.Array, HeadMajorCache]:
+    """Run left-padded prompts through the model into a fresh (head-major) cache of
+    `cache_length` positions.
+
+    prompts: i32[B, Tp]; prompt_mask: bool[B, Tp]. Returns (hidden [B, D] at the last prompt
+    position, cache with positions [0, Tp) written). Rows [i*G, (i+1)*G) with G = group_size
+    must hold the same prompt: it runs once per group and its outputs are repeated G times.
+    """
+    config = config_of(graphdef, params)
+    prompts, prompt_mask = prompts[::group_size].astype(jnp.int32), prompt_mask[::group_size].astype(bool)
+    batch, prompt_length = prompts.shape
+    query_at = jnp.arange(prompt_length)
+    mask = prompt_mask[:, None, :] & (query_at[None, :] <= query_at[:, None])[None]
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, cache_length - prompt_length)))
+    hidden, cache = apply_hidden(graphdef, params, prompts, prompt_positions(prompt_mask), mask,
+                                 init_head_major_cache(config, batch, cache_length), 0)
+    last = hidden[:, -1]
+    if group_size > 1:
+        last, cache = jnp.repeat(last, group_size, axis=0), cache.repeat(group_size)
+    return last, cache
+
+
 def _filter_logits(logits: jax.Array, allowed: jax.Array | None, top_k: int) -> jax.Array:
     """f32[B, V]: disallowed tokens and tokens outside the top k set to -inf."""
     if allowed is not None:
@@ -112,10 +145,22 @@ def _token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
 
 
-def _decode_step(logits, constraint, constraint_state, done, key, *, temperature, top_k, greedy,
+def gumbel_noise(key: jax.Array, steps: int, shape: tuple[int, ...]) -> jax.Array:
+    """f32[steps, *shape]: entry i is `jax.random.gumbel(fold_in(key, i), shape)`, drawn in one call.
+
+    `jax.random.categorical(k, logits)` is `argmax(gumbel(k, logits.shape) + logits)`, so
+    step i of `sample` adding entry i to its logits draws exactly what
+    `categorical(fold_in(key, i), logits)` draws, without a PRNG call inside the decode loop.
+    """
+    return jax.vmap(lambda i: jax.random.gumbel(jax.random.fold_in(key, i), shape, jnp.float32))(
+        jnp.arange(steps, dtype=jnp.int32))
+
+
+def _decode_step(logits, constraint, constraint_state, done, noise, *, temperature, top_k,
                  eos_id, pad_id):
     """Choose one token per row from next-token logits f32[B, V] and update the row states.
 
+    noise: f32[B, V] Gumbel noise of this step (sampling), or None (greedy: argmax).
     Returns (emitted i32[B], logprob f32[B], sampling_logprob f32[B], live bool[B],
     done bool[B], constraint_state).
     """
@@ -123,10 +168,10 @@ def _decode_step(logits, constraint, constraint_state, done, key, *, temperature
     if constraint is not None:
         allowed = constraint.allowed(constraint_state) | done[:, None]
     scaled = _filter_logits(logits, allowed, top_k) / temperature
-    if greedy:
+    if noise is None:
         token = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
     else:
-        token = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+        token = jnp.argmax(noise + scaled, axis=-1).astype(jnp.int32)
     live = ~done
     emitted = jnp.where(live, token, pad_id).astype(jnp.int32)
     logprob = jnp.where(live, _token_logprob(logits, token), 0.0)
@@ -140,7 +185,7 @@ def _decode_step(logits, constraint, constraint_state, done, key, *, temperature
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
            key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int,
            temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-           constraint: Constraint | None = None) -> SampleOutput:
+           constraint: Constraint | None = None, group_size: int = 1) -> SampleOutput:
     """Generate up to `max_new_tokens` tokens after left-padded `prompts`.
 
     prompts: i32[B, Tp] (left padded); prompt_mask: bool[B, Tp] True on real tokens.
@@ -150,9 +195,12 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     temperature: divides the filtered logits before sampling (must be > 0).
     top_k: keep only the k largest logits (0: all). greedy: argmax instead of sampling.
     constraint: optional logit mask (see `Constraint`), also applied when greedy.
-    Static under jit: graphdef, max_new_tokens, top_k, greedy (see `sample_jit`).
+    group_size: G; rows [i*G, (i+1)*G) hold the same prompt, which is prefilled once per group
+    (see `prefill`); the rows are still sampled independently.
+    Static under jit: graphdef, max_new_tokens, top_k, greedy, group_size (see `sample_jit`).
     """
     _check_prompts("sample", prompts, prompt_mask)
+    _check_group("sample", prompts.shape[0], group_size)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"sample: max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(top_k, int) or top_k < 0:
@@ -179,19 +227,19 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     prompt_mask = prompt_mask.astype(bool)
     key_valid = jnp.concatenate([prompt_mask, jnp.ones((batch, max_new_tokens), bool)], axis=1)
     key_slots = jnp.arange(cache_length)
-    prefill_mask = key_valid[:, None, :] & (key_slots[None, None, :] <= jnp.arange(prompt_length)[None, :, None])
-    hidden, cache = apply_hidden(graphdef, params, prompts.astype(jnp.int32), prompt_positions(prompt_mask),
-                                 prefill_mask, init_cache(config, batch, cache_length), 0)
-    first_logits = apply_logits(graphdef, params, hidden[:, -1])
+    last_hidden, cache = prefill(graphdef, params, prompts, prompt_mask, cache_length, group_size)
+    first_logits = apply_logits(graphdef, params, last_hidden)
     num_real = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
 
     step = functools.partial(_decode_step, constraint=constraint, temperature=temperature, top_k=top_k,
-                             greedy=greedy, eos_id=eos_id, pad_id=pad_id)
+                             eos_id=eos_id, pad_id=pad_id)
     constraint_state = constraint.init(batch) if constraint is not None else None
+    noise = None if greedy else gumbel_noise(key, max_new_tokens, (batch, config.vocab_size))
     first = step(first_logits, constraint_state=constraint_state, done=jnp.zeros((batch,), bool),
-                 key=jax.random.fold_in(key, 0))
+                 noise=None if greedy else noise[0])
 
-    def decode(carry, index):
+    def decode(carry, inputs):
+        index, step_noise = inputs
         cache, previous, done, constraint_state = carry
         write_at = prompt_length + index - 1
         mask = key_valid[:, None, :] & (key_slots <= write_at)[None, None, :]
@@ -199,12 +247,12 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
         hidden, cache = apply_hidden(graphdef, params, previous[:, None], positions, mask, cache, write_at)
         logits = apply_logits(graphdef, params, hidden[:, 0])
         emitted, logprob, sampling_logprob, live, done, constraint_state = step(
-            logits, constraint_state=constraint_state, done=done, key=jax.random.fold_in(key, index))
+            logits, constraint_state=constraint_state, done=done, noise=step_noise)
         return (cache, emitted, done, constraint_state), (emitted, logprob, sampling_logprob, live)
 
     emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
     _, rest = jax.lax.scan(decode, (cache, emitted0, done0, constraint_state),
-                           jnp.arange(1, max_new_tokens, dtype=jnp.int32))
+                           (jnp.arange(1, max_new_tokens, dtype=jnp.int32), None if greedy else noise[1:]))
     columns = [jnp.concatenate([head[:, None], tail.T], axis=1)
                for head, tail in zip((emitted0, logprob0, sampling_logprob0, live0), rest)]
     tokens, logprobs, sampling_logprobs, mask = columns
@@ -212,8 +260,8 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
                         mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
 
 
-sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-"""`sample` under `jax.jit` (graphdef, max_new_tokens, top_k and greedy static)."""
+sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "group_size"))
+"""`sample` under `jax.jit` (graphdef, max_new_tokens, top_k, greedy and group_size static)."""
 
 
 def constraint_masks(constraint: Constraint, tokens: jax.Array) -> jax.Array:
@@ -235,7 +283,7 @@ _EXCLUDED_LOGIT = -1e30  # finite, so masked entries give 0 * log 0 = 0 with fin
 
 def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
                       prompt_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
-                      temperature: float = 1.0, allowed: jax.Array | None = None
+                      temperature: float = 1.0, allowed: jax.Array | None = None, group_size: int = 1
                       ) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced (logp f32[B, T], entropy f32[B, T]) of `completions` after `prompts`.
 
@@ -243,8 +291,12 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
     (a prefix of True per row, as `SampleOutput.mask`). logp[b, t] = log softmax(logits /
     temperature)[completions[b, t]], over the tokens in `allowed` (bool[B, T, V], e.g. from
     `constraint_masks`) when given; entropy is that distribution's entropy (nats). Both are 0
-    where completion_mask is False. One forward over prompt + completion; differentiable in
-    `params`.
+    where completion_mask is False. Differentiable in `params`.
+
+    The causal forward over prompt + completion is run as `sample` runs it: the prompts are
+    prefilled into a cache (once per group of `group_size` rows holding the same prompt, see
+    `prefill`), then every completion token but the last (which predicts nothing) goes through
+    one cached forward.
     """
     _check_prompts("sequence_logprobs", prompts, prompt_mask)
     if completions.ndim != 2 or completions.shape[0] != prompts.shape[0]:
@@ -254,14 +306,22 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
         raise ValueError(
             f"sequence_logprobs: completion_mask shape {completion_mask.shape} differs from "
             f"completions shape {completions.shape}")
+    _check_group("sequence_logprobs", prompts.shape[0], group_size)
     prompt_length, completion_length = prompts.shape[1], completions.shape[1]
-    tokens = jnp.concatenate([prompts, completions], axis=1).astype(jnp.int32)
-    token_mask = jnp.concatenate([prompt_mask, completion_mask], axis=1).astype(bool)
-    total = prompt_length + completion_length
-    causal = jnp.arange(total)[None, :] <= jnp.arange(total)[:, None]
-    attention_mask = token_mask[:, None, :] & causal[None]
-    hidden, _ = apply_hidden(graphdef, params, tokens, prompt_positions(token_mask), attention_mask)
-    predicting = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
+    if completion_length == 0:
+        return jnp.zeros(completions.shape, jnp.float32), jnp.zeros(completions.shape, jnp.float32)
+    prompt_mask, completion_mask = prompt_mask.astype(bool), completion_mask.astype(bool)
+    total = prompt_length + completion_length - 1
+    predicting, cache = prefill(graphdef, params, prompts, prompt_mask, total, group_size)
+    predicting = predicting[:, None]
+    if completion_length > 1:
+        key_valid = jnp.concatenate([prompt_mask, completion_mask[:, :-1]], axis=1)
+        query_at = prompt_length + jnp.arange(completion_length - 1)
+        mask = key_valid[:, None, :] & (jnp.arange(total)[None, None, :] <= query_at[None, :, None])
+        positions = prompt_positions(key_valid)[:, prompt_length:]
+        hidden, _ = apply_hidden(graphdef, params, completions[:, :-1].astype(jnp.int32), positions, mask, cache,
+                                 prompt_length)
+        predicting = jnp.concatenate([predicting, hidden], axis=1)
     logits = apply_logits(graphdef, params, predicting) / temperature
     if allowed is not None:
         if allowed.shape != logits.shape:
@@ -271,5 +331,4 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(log_probs, completions[..., None].astype(jnp.int32), axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    completion_mask = completion_mask.astype(bool)
     return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)

@@ -5,6 +5,12 @@ RMSNorm -> grouped-query attention (q/k/v projections with bias, output projecti
 with rotary position embedding (rotate-half convention) -> residual, RMSNorm -> SwiGLU MLP ->
 residual; final RMSNorm; language-model head tied to the embedding or separate.
 
+Every projection runs as one 2-D matmul over the flattened tokens, q/k/v and gate/up each as
+one matmul with their kernels side by side, and attention runs head-major (batched matmuls over
+rows and key/value heads): few, transpose-free kernels, which is what tiny models on CPU need.
+The key/value cache is a `KVCache` ([L, B, S, K, Dh]) or a `HeadMajorCache` (per layer
+[B, K, S, Dh], what `sampling` decodes with).
+
 Shapes: B batch, T query tokens, S key positions (cache length, or T without a cache),
 D hidden size, H query heads, K key/value heads, Dh head size, F MLP width, V vocabulary,
 L layers.
@@ -181,6 +187,45 @@ def init_cache(config: ModelConfig, batch_size: int, length: int, dtype: Any = N
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
+@struct.dataclass
+class HeadMajorCache:
+    """A KV cache laid out for decoding: k, v are tuples of L arrays [B, K, S, Dh], one per
+    layer, so attention reads each head's keys as they are stored (a `KVCache` is transposed
+    on every read) and each layer's write touches only its own buffer. Same semantics as
+    `KVCache`; `Transformer` accepts either.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def length(self) -> int:
+        """S, the number of key positions."""
+        return int(self.k[0].shape[2])
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of rows."""
+        return int(self.k[0].shape[0])
+
+    def repeat(self, times: int) -> "HeadMajorCache":
+        """Every row repeated `times` times, copies adjacent ([B, ...] -> [B*times, ...])."""
+        def rows(arrays):
+            return tuple(jnp.repeat(a, times, axis=0) for a in arrays)
+        return HeadMajorCache(k=rows(self.k), v=rows(self.v))
+
+
+def init_head_major_cache(config: ModelConfig, batch_size: int, length: int, dtype: Any = None) -> HeadMajorCache:
+    """Zero HeadMajorCache: per layer k, v [batch_size, K, length, Dh]."""
+    shape = (batch_size, config.num_kv_heads, length, config.head_dim)
+    dtype = dtype or config.compute_dtype
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return HeadMajorCache(k=zeros, v=zeros)
+
+
+Cache = KVCache | HeadMajorCache
+
+
 def _param(shape: tuple[int, ...], dtype: Any, sharding: tuple, fill: float = 0.0) -> nnx.Param:
     """A parameter filled with `fill` (Transformer.__init__ then draws the random ones)."""
     return nnx.Param(jnp.full(shape, fill, dtype), sharding=sharding, eager_sharding=False)
@@ -198,10 +243,18 @@ class Dense(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
-        return y
+        bias = None if self.bias is None else self.bias[...]
+        return project(x, self.kernel[...], bias, self.dtype)
+
+
+def project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, dtype: Any) -> jax.Array:
+    """x[..., in] @ kernel[in, out] (+ bias[out]) in `dtype`, as one 2-D matmul over the
+    flattened leading dimensions (XLA:CPU then needs no transposes, also in the backward pass)."""
+    lead = x.shape[:-1]
+    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(dtype), kernel.astype(dtype))
+    if bias is not None:
+        y = y + bias.astype(dtype)
+    return y.reshape(*lead, kernel.shape[-1])
 
 
 class RMSNorm(nnx.Module):
@@ -219,18 +272,25 @@ class RMSNorm(nnx.Module):
 
 
 def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin): f32[B, T, Dh] for integer positions i32[B, T], frequencies repeated twice."""
+    """(cos, sin): f32[B, T, Dh] for integer positions i32[B, T], frequencies repeated twice.
+
+    The repetition is a matmul with [I I] (exact at HIGHEST precision): a matmul output is
+    materialised, so each cosine and sine is evaluated once instead of inside every fused
+    loop that reads the tables (per head, forward and backward; scalar libm calls on CPU).
+    """
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
-    angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    halves = jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-2)  # [B, T, 2, Dh/2]
+    repeat = jnp.tile(jnp.eye(head_dim // 2, dtype=jnp.float32), (1, 2))  # [Dh/2, Dh]
+    tables = jnp.einsum("btch,hd->btcd", halves, repeat, precision=jax.lax.Precision.HIGHEST)
+    return tables[..., 0, :], tables[..., 1, :]
 
 
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotate x[B, T, heads, Dh] by the tables f32[B, T, Dh] (rotate-half convention)."""
     x32 = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    first, second = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-second, first], axis=-1)
     return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
 
 
@@ -247,28 +307,78 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, score_bias: jax.Array,
-                 cache: KVCache | None, cache_index: jax.Array, layer_index: int
-                 ) -> tuple[jax.Array, KVCache | None]:
-        """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T, D], cache)."""
+                 cache: Cache | None, cache_index: jax.Array, layer_index: int
+                 ) -> tuple[jax.Array, Cache | None]:
+        """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T, D], cache).
+
+        q, k and v come from one matmul with the three kernels side by side, and q and k are
+        rotated together.
+        """
         batch, length, _ = x.shape
-        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
-            zero = jnp.zeros((), jnp.int32)
-            start = (jnp.asarray(layer_index, jnp.int32), zero, cache_index, zero, zero)
-            cache = KVCache(
-                k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
-                v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
-            k, v = cache.k[layer_index].astype(x.dtype), cache.v[layer_index].astype(x.dtype)
-        group = self.num_heads // self.num_kv_heads
-        q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores * (self.head_dim ** -0.5) + score_bias[:, None, None, :, :]
-        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        return self.o_proj(out.reshape(batch, length, self.num_heads * self.head_dim)), cache
+        h, kv = self.num_heads, self.num_kv_heads
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        kernel = jnp.concatenate([proj.kernel[...] for proj in projections], axis=1)
+        bias = jnp.concatenate([proj.bias[...] for proj in projections])
+        qkv = project(x, kernel, bias, x.dtype).reshape(batch, length, h + 2 * kv, self.head_dim)
+        qk, v = jnp.split(qkv, [h + kv], axis=2)
+        q, k = jnp.split(apply_rotary(qk, cos, sin), [h], axis=2)
+        if isinstance(cache, HeadMajorCache):
+            cache, k, v = _write_head_major(cache, _heads_first(k), _heads_first(v), cache_index, layer_index)
+        else:
+            if cache is not None:
+                zero = jnp.zeros((), jnp.int32)
+                start = (jnp.asarray(layer_index, jnp.int32), zero, cache_index, zero, zero)
+                cache = KVCache(
+                    k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
+                    v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
+                k, v = cache.k[layer_index].astype(x.dtype), cache.v[layer_index].astype(x.dtype)
+            k, v = _heads_first(k), _heads_first(v)
+        return self.o_proj(attend(q, k, v, score_bias)), cache
+
+
+def _heads_first(x: jax.Array) -> jax.Array:
+    """[B, T, heads, Dh] -> [B, heads, T, Dh]."""
+    return x.transpose(0, 2, 1, 3)
+
+
+def _write_head_major(cache: HeadMajorCache, k: jax.Array, v: jax.Array, cache_index: jax.Array,
+                      layer_index: int) -> tuple[HeadMajorCache, jax.Array, jax.Array]:
+    """Write k, v[B, K, T, Dh] at positions [cache_index, cache_index + T) of layer
+    `layer_index` -> (cache, that layer's keys and values [B, K, S, Dh])."""
+    zero = jnp.zeros((), jnp.int32)
+    start = (zero, zero, cache_index, zero)
+    layer_k = jax.lax.dynamic_update_slice(cache.k[layer_index], k.astype(cache.k[layer_index].dtype), start)
+    layer_v = jax.lax.dynamic_update_slice(cache.v[layer_index], v.astype(cache.v[layer_index].dtype), start)
+
+    def replaced(arrays, new):
+        return arrays[:layer_index] + (new,) + arrays[layer_index + 1:]
+
+    cache = HeadMajorCache(k=replaced(cache.k, layer_k), v=replaced(cache.v, layer_v))
+    return cache, layer_k.astype(k.dtype), layer_v.astype(v.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array) -> jax.Array:
+    """Grouped-query attention: q[B, T, H, Dh], head-major k, v[B, K, S, Dh], score_bias
+    f32[B, T, S] -> [B, T, H*Dh]. Query head j reads key/value head j // (H / K).
+
+    The G = H / K query heads of one key/value head are stacked along the query axis, so
+    scores and outputs are single batched matmuls over (B, K)."""
+    batch, length, heads, head_dim = q.shape
+    kv_heads, key_length = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    q = q.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(batch, kv_heads, group * length, head_dim)
+    scale = head_dim ** -0.5
+    exact = math.frexp(scale)[0] == 0.5  # a power of two: scaling q first changes no bit
+    scores = jnp.einsum("bkqd,bksd->bkqs", q * scale if exact else q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, kv_heads, group, length, key_length)
+    if not exact:
+        scores = scores * scale
+    scores = scores + score_bias[:, None, None, :, :]
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    probs = probs.reshape(batch, kv_heads, group * length, key_length)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(batch, kv_heads, group, length, head_dim)
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads * head_dim)
 
 
 class MLP(nnx.Module):
@@ -282,7 +392,10 @@ class MLP(nnx.Module):
         self.down_proj = Dense(f, d, shard_input=True, **dense)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        """gate and up come from one matmul with the two kernels side by side."""
+        kernel = jnp.concatenate([self.gate_proj.kernel[...], self.up_proj.kernel[...]], axis=1)
+        gate, up = jnp.split(project(x, kernel, None, self.gate_proj.dtype), 2, axis=-1)
+        return self.down_proj(jax.nn.silu(gate) * up)
 
 
 class DecoderLayer(nnx.Module):
@@ -376,8 +489,8 @@ class Transformer(nnx.Module):
             nnx.update(self, state)
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array,
-                      attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                      cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+                      attention_mask: jax.Array | None = None, cache: Cache | None = None,
+                      cache_index: jax.Array | int = 0) -> tuple[jax.Array, Cache | None]:
         """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
 
         tokens, positions: i32[B, T]. attention_mask: bool[B, T, S], True where query t may
@@ -393,7 +506,12 @@ class Transformer(nnx.Module):
         batch, length = tokens.shape
         cache_index = jnp.asarray(cache_index, jnp.int32)
         key_length = length if cache is None else cache.length
-        if cache is not None and cache.k.shape[:2] != (config.num_layers, batch):
+        if isinstance(cache, HeadMajorCache):
+            if len(cache.k) != config.num_layers or cache.batch_size != batch:
+                raise ValueError(
+                    f"Transformer: head-major cache has {len(cache.k)} layers of batch {cache.batch_size}, "
+                    f"expected {config.num_layers} layers of batch {batch}")
+        elif cache is not None and cache.k.shape[:2] != (config.num_layers, batch):
             raise ValueError(
                 f"Transformer: cache k has shape {cache.k.shape}, expected leading dims "
                 f"(num_layers={config.num_layers}, batch={batch})")
@@ -423,8 +541,8 @@ class Transformer(nnx.Module):
                           preferred_element_type=jnp.float32)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+                 attention_mask: jax.Array | None = None, cache: Cache | None = None,
+                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, Cache | None]:
         """(logits f32[B, T, V], updated cache); arguments as in `hidden_states`."""
         hidden, cache = self.hidden_states(tokens, positions, attention_mask, cache, cache_index)
         return self.logits(hidden), cache
@@ -447,15 +565,15 @@ def config_of(graphdef: nnx.GraphDef, params: nnx.State) -> ModelConfig:
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, positions: jax.Array,
-          attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-          cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+          attention_mask: jax.Array | None = None, cache: Cache | None = None,
+          cache_index: jax.Array | int = 0) -> tuple[jax.Array, Cache | None]:
     """Functional forward pass: (logits f32[B, T, V], cache); see `Transformer.hidden_states`."""
     return merge_model(graphdef, params)(tokens, positions, attention_mask, cache, cache_index)
 
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, positions: jax.Array,
-                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, KVCache | None]:
+                 attention_mask: jax.Array | None = None, cache: Cache | None = None,
+                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, Cache | None]:
     """Functional `Transformer.hidden_states`: (hidden [B, T, D], cache)."""
     return merge_model(graphdef, params).hidden_states(tokens, positions, attention_mask, cache, cache_index)
 

@@ -306,11 +306,18 @@ def grpo_loss(
 
 
 def minibatch_indices(key: jax.Array, num_rows: int, epochs: int, minibatches: int) -> jax.Array:
-    """i32[epochs * minibatches, num_rows // minibatches]: each epoch a fresh permutation, cut in equal parts."""
+    """i32[epochs * minibatches, num_rows // minibatches]: the rows of each epoch cut in equal parts.
+
+    Each epoch takes a fresh permutation of the rows. With one minibatch every step takes the
+    whole batch, so an order cannot change what it sees: the rows then keep their given order
+    (a `logprob_fn` may rely on it, e.g. on grouped prompts).
+    """
     if num_rows % minibatches:
         raise ValueError(
             f"grpo_update: batch of {num_rows} rollouts does not split into minibatches={minibatches} equal parts"
         )
+    if minibatches == 1:
+        return jnp.broadcast_to(jnp.arange(num_rows, dtype=jnp.int32), (epochs, num_rows))
     keys = jax.random.split(key, epochs)
     orders = jax.vmap(lambda k: jax.random.permutation(k, num_rows))(keys)
     return orders.reshape(epochs * minibatches, num_rows // minibatches)
@@ -328,8 +335,10 @@ def grpo_update(
     """cfg.epochs passes over a rollout batch, cfg.minibatches optimizer steps per pass.
 
     Every leaf of `batch` has leading axis N (rollouts); N must be divisible by
-    cfg.minibatches. All steps run in one `lax.scan`, so the function jit-compiles once and
-    vmaps over independent policies (params, opt_state, batch, key with a leading axis).
+    cfg.minibatches. Minibatches come from `minibatch_indices` (with cfg.minibatches == 1 every
+    step sees the batch in its given order). All steps run in one `lax.scan`, so the function
+    jit-compiles once and vmaps over independent policies (params, opt_state, batch, key with
+    a leading axis).
     Returns (params, opt_state, metrics averaged over the steps, with grad_norm added).
     """
     if "mask" not in batch:
@@ -345,7 +354,7 @@ def grpo_update(
 
     def step(carry, rows):
         params, opt_state = carry
-        minibatch = {name: leaf[rows] for name, leaf in batch.items()}
+        minibatch = batch if cfg.minibatches == 1 else {name: leaf[rows] for name, leaf in batch.items()}
         grads, metrics = grad_fn(params, minibatch, logprob_fn, cfg)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)

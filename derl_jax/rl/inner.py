@@ -8,7 +8,8 @@
 `train` is a pure function whose whole run is ONE `lax.scan` over steps. Step s:
 
     pick B prompts (from fold_in(key, s)) -> repeat each G times (rows [b*G, (b+1)*G) share
-    prompt b) -> sample completions at `temperature` with the KV cache -> primitive values
+    prompt b, run through the model once per group) -> sample completions at `temperature`
+    with the KV cache -> primitive values
     f32[B*G, P] -> reward = evaluate(program, prims, u = s / steps) -> NaN/inf rewards set to 0
     and counted -> group advantages -> reference log-probs under the frozen initial policy
     (for the KL penalty or the KL metric) -> `grpo_update` (epochs x minibatches optimizer
@@ -83,6 +84,10 @@ class InnerConfig:
     kl_metric: with grpo.kl_coef == 0, still compute the reference policy's log-probs to
       report the KL to it (one extra forward pass per step); without it the metrics have no
       "kl" entry. With kl_coef > 0 the reference log-probs are always computed.
+    common_random_numbers: `InnerEvaluator.evaluate_candidates` trains every candidate of a
+      call with the same key (the same prompt order and sampling noise), so their validation
+      scores differ by their rewards, not by luck; when False candidate k gets
+      `jax.random.split(key, K)[k]`.
     """
 
     steps: int
@@ -95,6 +100,7 @@ class InnerConfig:
     chunk_size: int = 0
     eval_batch_size: int = 64
     kl_metric: bool = True
+    common_random_numbers: bool = True
 
     def __post_init__(self):
         def bad(name, why):
@@ -148,7 +154,7 @@ def inner_config_from_run(cfg: Any, domain: TokenDomain, *, steps: int | None = 
     Required: steps, prompts_per_step, group_size, lr, kl, chunk_size, temperature.
     Optional (defaults in brackets): top_k [0], eval_batch_size [64], kl_metric [True],
     epochs [1], minibatches [1], kl_kind ["k3"], eps [0.2], normalize_std [True], loss_agg
-    ["token_mean"], max_grad_norm [1.0]. T comes from the domain; `steps` overrides the
+    ["token_mean"], max_grad_norm [1.0], common_random_numbers [True]. T comes from the domain; `steps` overrides the
     block's (final training uses `config.final.steps`).
     """
     block = cfg["inner"] if isinstance(cfg, Mapping) or hasattr(cfg, "get") else cfg.inner
@@ -177,6 +183,7 @@ def inner_config_from_run(cfg: Any, domain: TokenDomain, *, steps: int | None = 
         chunk_size=int(_block_value(block, "chunk_size")),
         eval_batch_size=int(_block_value(block, "eval_batch_size", 64)),
         kl_metric=bool(_block_value(block, "kl_metric", True)),
+        common_random_numbers=bool(_block_value(block, "common_random_numbers", True)),
     )
 
 
@@ -302,14 +309,18 @@ def make_inner_loop(domain: TokenDomain, graphdef: nnx.GraphDef, cfg: InnerConfi
             return x
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
 
-    def generate(params, prompts, prompt_mask, key, greedy):
+    def generate(params, prompts, prompt_mask, key, greedy, group_size=1):
         return sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=cfg.max_new_tokens,
                       eos_id=domain.eos_id, pad_id=domain.pad_id, temperature=cfg.temperature,
-                      top_k=cfg.top_k, greedy=greedy)
+                      top_k=cfg.top_k, greedy=greedy, group_size=group_size)
 
-    def completion_logprobs(params, update_batch):
+    # rows [b*G, (b+1)*G) share prompt b; the update keeps that order only with one minibatch
+    update_groups = group if cfg.grpo.minibatches == 1 else 1
+
+    def completion_logprobs(params, update_batch, group_size=update_groups):
         return sequence_logprobs(graphdef, params, update_batch["prompts"], update_batch["prompt_mask"],
-                                 update_batch["completions"], update_batch["mask"], cfg.temperature)
+                                 update_batch["completions"], update_batch["mask"], cfg.temperature,
+                                 group_size=group_size)
 
     def train(params, program: Program, key, dataset: TokenDataset):
         num_examples = dataset.size
@@ -322,7 +333,7 @@ def make_inner_loop(domain: TokenDomain, graphdef: nnx.GraphDef, cfg: InnerConfi
             chosen = _repeat_rows(dataset.take(rows), group)
             prompts, prompt_mask = over_data(chosen.prompts), over_data(chosen.prompt_mask)
             context = jax.tree_util.tree_map(over_data, dict(chosen.context))
-            out = generate(params, prompts, prompt_mask, sample_key, greedy=False)
+            out = generate(params, prompts, prompt_mask, sample_key, greedy=False, group_size=group)
             rollout = {"tokens": out.tokens, "mask": out.mask}
             prims = domain.primitive_values(rollout, context)
             progress = index.astype(jnp.float32) / steps
@@ -333,9 +344,9 @@ def make_inner_loop(domain: TokenDomain, graphdef: nnx.GraphDef, cfg: InnerConfi
             if cfg.top_k == 0:
                 update_batch["old_logp"] = out.sampling_logprobs
             else:  # the top-k filtered sampling distribution is not the one the update differentiates
-                update_batch["old_logp"] = completion_logprobs(params, update_batch)[0]
+                update_batch["old_logp"] = completion_logprobs(params, update_batch, group)[0]
             if cfg.uses_reference:
-                update_batch["ref_logp"] = completion_logprobs(reference, update_batch)[0]
+                update_batch["ref_logp"] = completion_logprobs(reference, update_batch, group)[0]
             update_batch = jax.lax.stop_gradient(update_batch)
             params, opt_state, update = grpo_update(params, opt_state, update_batch, update_key,
                                                     completion_logprobs, optimizer, cfg.grpo)
@@ -408,7 +419,8 @@ class InnerEvaluator:
     train_final(program, init_params, key, train_set) -> (params, curves name -> np.f32[S_final])
     accuracy(params, dataset) -> float
 
-    Candidate k trains with `jax.random.split(key, K)[k]`. K is padded with copies up to a
+    Candidate k trains with `candidate_keys(key, K)[k]`: `key` itself under
+    `cfg.common_random_numbers`, else `jax.random.split(key, K)[k]`. K is padded with copies up to a
     multiple of the chunk size and of the mesh's 'cand' axis; jitted functions are made once
     per (loop, params structure) and compile once per padded K (see `cache_sizes`).
     """
@@ -500,7 +512,7 @@ class InnerEvaluator:
         rows = np.arange(padded) % count
         programs = Program(ops=jnp.asarray(ops[rows]), args=jnp.asarray(np.asarray(programs.args)[rows]),
                            size=jnp.asarray(np.asarray(programs.size)[rows]))
-        keys = jax.random.split(key, count)[rows]
+        keys = self.candidate_keys(key, count)[rows]
         specs = self._policy_specs(init_params)
         train_many = self._jit(
             "train_many", loop, loop.train_many, init_params,
@@ -513,6 +525,13 @@ class InnerEvaluator:
         accuracy_many = self._jit("accuracy_many", loop, loop.accuracy_many, params,
                                   lambda p: PartitionSpec(CAND_AXIS))
         return np.asarray(accuracy_many(params, self._place_replicated(dataset)), np.float32)
+
+    def candidate_keys(self, key, count: int) -> jax.Array:
+        """The training key of each of `count` candidates (a key array of shape [count])."""
+        if self.cfg.common_random_numbers:
+            key = jax.random.wrap_key_data(key) if key.dtype == jnp.uint32 else key
+            return jnp.broadcast_to(key, (count,))
+        return jax.random.split(key, count)
 
     # ------------------------------------------------------------------ the contract
 
@@ -535,7 +554,7 @@ class InnerEvaluator:
         if ops.ndim != 2 or ops.shape[0] < 1:
             raise ValueError(
                 f"evaluate_candidates: programs must be a stacked Program[K] with K >= 1, got ops shape {ops.shape}")
-        keys = jax.random.split(key, ops.shape[0])
+        keys = self.candidate_keys(key, ops.shape[0])
         # every call is dispatched before any result is read, so the calls overlap
         trained = [self._train_one(self.search_loop, _take_rows(programs, k), init_params, keys[k], train_set)
                    for k in range(ops.shape[0])]
@@ -567,7 +586,7 @@ class InnerEvaluator:
         """A fresh policy trained with one program for the final-mode steps -> (params, curves [S]).
 
         Runs the unbatched `train` with `key` itself, so it equals candidate k of
-        `evaluate_candidates` when given `jax.random.split(key, K)[k]` (and equal steps).
+        `evaluate_candidates` when given `candidate_keys(key, K)[k]` (and equal steps).
         """
         params, metrics = self._train_one(self.final_loop, program, init_params, key, train_set)
         return params, {name: np.asarray(values) for name, values in metrics.items()}
