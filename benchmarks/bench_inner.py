@@ -262,8 +262,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="K = 1, 4 and fewer steps")
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
     parser.add_argument("--k1", action="store_true", help="only K = 1 in loop mode (and TRL)")
+    parser.add_argument("--candidates", type=int, nargs="+", dest="only_candidates",
+                        help="the values of K to run (instead of the preset's)")
     args = parser.parse_args(argv)
     args.candidates = (1,) if args.k1 else (1, 4) if args.quick else (1, 8, 32)
+    if args.only_candidates:
+        args.candidates = tuple(args.only_candidates)
     args.steps = 2 if args.quick else 8
     args.repeats = 1 if args.quick else 3
     args.prompts, args.group, args.chunk = 8, 4, 4
