@@ -5,26 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx, traverse_util
 
 from derl_jax.models import sampling as sm
 from derl_jax.models import transformer as tr
 from derl_jax.rl import grpo
+from test_sampling import VOCAB, model  # noqa: F401  (the random tiny model fixture)
 
-VOCAB = 20
 GROUP = 3
-
-
-@pytest.fixture(scope="module")
-def model():
-    config = tr.tiny_config(VOCAB, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                            num_kv_heads=2, rope_theta=100.0, max_position=64)
-    graphdef, abstract = tr.abstract_model(config)
-    rng = np.random.default_rng(0)
-    values = {path: jnp.asarray((path[-1] == "scale") + 0.25 * rng.standard_normal(var.shape), var.dtype)
-              for path, var in nnx.to_flat_state(abstract)}
-    nnx.replace_by_pure_dict(abstract, traverse_util.unflatten_dict(values))
-    return config, graphdef, abstract
 
 
 @pytest.fixture(scope="module")
