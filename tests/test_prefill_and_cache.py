@@ -120,6 +120,19 @@ def test_pre_drawn_gumbel_noise_reproduces_categorical_draws():
         assert np.array_equal(np.asarray(jnp.argmax(noise[step] + logits, axis=-1)), np.asarray(expected))
 
 
+def test_noise_drawn_step_by_step_samples_what_the_pre_drawn_noise_samples(model, grouped, monkeypatch):
+    # past PREDRAWN_NOISE_MAX_ELEMENTS (long completions, large vocabularies) `sample` draws each
+    # step's noise inside the decode loop instead of holding f32[T, B, V]
+    _, graphdef, params = model
+    prompts, mask = grouped
+    options = dict(max_new_tokens=6, eos_id=VOCAB, pad_id=0, temperature=1.3)
+    pre_drawn = sm.sample(graphdef, params, prompts, mask, jax.random.key(8), **options)
+    monkeypatch.setattr(sm, "PREDRAWN_NOISE_MAX_ELEMENTS", 0)
+    per_step = sm.sample(graphdef, params, prompts, mask, jax.random.key(8), **options)
+    assert np.array_equal(np.asarray(per_step.tokens), np.asarray(pre_drawn.tokens))
+    np.testing.assert_allclose(np.asarray(per_step.logprobs), np.asarray(pre_drawn.logprobs), atol=1e-6)
+
+
 def test_one_minibatch_keeps_the_rows_in_order():
     order = np.asarray(grpo.minibatch_indices(jax.random.key(0), 6, epochs=2, minibatches=1))
     assert np.array_equal(order, np.tile(np.arange(6), (2, 1)))

@@ -71,7 +71,6 @@ from derl_jax.expr.program import (
 # ----------------------------------------------------------------------------- semantics
 
 DIV_EPS = 1e-6  # |denominator| below this -> NaN
-DTYPE = np.float32
 
 
 def div(a, b, xp=jnp):

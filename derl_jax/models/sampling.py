@@ -145,15 +145,24 @@ def _token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
 
 
-def gumbel_noise(key: jax.Array, steps: int, shape: tuple[int, ...]) -> jax.Array:
-    """f32[steps, *shape]: entry i is `jax.random.gumbel(fold_in(key, i), shape)`, drawn in one call.
+PREDRAWN_NOISE_MAX_ELEMENTS = 1 << 24  # 64 MiB of float32
+
+
+def step_gumbel_noise(key: jax.Array, index: jax.Array | int, shape: tuple[int, ...]) -> jax.Array:
+    """f32[*shape]: the Gumbel noise of decode step `index`, `jax.random.gumbel(fold_in(key, index))`.
 
     `jax.random.categorical(k, logits)` is `argmax(gumbel(k, logits.shape) + logits)`, so
-    step i of `sample` adding entry i to its logits draws exactly what
-    `categorical(fold_in(key, i), logits)` draws, without a PRNG call inside the decode loop.
+    step i of `sample` adding this to its logits draws exactly what
+    `categorical(fold_in(key, i), logits)` draws.
     """
-    return jax.vmap(lambda i: jax.random.gumbel(jax.random.fold_in(key, i), shape, jnp.float32))(
-        jnp.arange(steps, dtype=jnp.int32))
+    return jax.random.gumbel(jax.random.fold_in(key, index), shape, jnp.float32)
+
+
+def gumbel_noise(key: jax.Array, steps: int, shape: tuple[int, ...]) -> jax.Array:
+    """f32[steps, *shape]: `step_gumbel_noise` of steps 0..steps-1, drawn in one call (no PRNG
+    call inside the decode loop; `sample` does this while the array stays under
+    PREDRAWN_NOISE_MAX_ELEMENTS, and draws step by step beyond)."""
+    return jax.vmap(lambda i: step_gumbel_noise(key, i, shape))(jnp.arange(steps, dtype=jnp.int32))
 
 
 def _decode_step(logits, constraint, constraint_state, done, noise, *, temperature, top_k,
@@ -234,12 +243,16 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     step = functools.partial(_decode_step, constraint=constraint, temperature=temperature, top_k=top_k,
                              eos_id=eos_id, pad_id=pad_id)
     constraint_state = constraint.init(batch) if constraint is not None else None
-    noise = None if greedy else gumbel_noise(key, max_new_tokens, (batch, config.vocab_size))
+    noise_shape = (batch, config.vocab_size)
+    predrawn = not greedy and max_new_tokens * batch * config.vocab_size <= PREDRAWN_NOISE_MAX_ELEMENTS
+    noise = gumbel_noise(key, max_new_tokens, noise_shape) if predrawn else None
     first = step(first_logits, constraint_state=constraint_state, done=jnp.zeros((batch,), bool),
-                 noise=None if greedy else noise[0])
+                 noise=None if greedy else noise[0] if predrawn else step_gumbel_noise(key, 0, noise_shape))
 
     def decode(carry, inputs):
         index, step_noise = inputs
+        if not greedy and not predrawn:
+            step_noise = step_gumbel_noise(key, index, noise_shape)
         cache, previous, done, constraint_state = carry
         write_at = prompt_length + index - 1
         mask = key_valid[:, None, :] & (key_slots <= write_at)[None, None, :]
@@ -252,7 +265,7 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
 
     emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
     _, rest = jax.lax.scan(decode, (cache, emitted0, done0, constraint_state),
-                           (jnp.arange(1, max_new_tokens, dtype=jnp.int32), None if greedy else noise[1:]))
+                           (jnp.arange(1, max_new_tokens, dtype=jnp.int32), noise[1:] if predrawn else None))
     columns = [jnp.concatenate([head[:, None], tail.T], axis=1)
                for head, tail in zip((emitted0, logprob0, sampling_logprob0, live0), rest)]
     tokens, logprobs, sampling_logprobs, mask = columns

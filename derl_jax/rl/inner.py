@@ -527,10 +527,10 @@ class InnerEvaluator:
         return np.asarray(accuracy_many(params, self._place_replicated(dataset)), np.float32)
 
     def candidate_keys(self, key, count: int) -> jax.Array:
-        """The training key of each of `count` candidates (a key array of shape [count])."""
+        """The training key of each of `count` candidates: a key array [count] (typed key) or
+        u32[count, 2] (raw key)."""
         if self.cfg.common_random_numbers:
-            key = jax.random.wrap_key_data(key) if key.dtype == jnp.uint32 else key
-            return jnp.broadcast_to(key, (count,))
+            return jnp.broadcast_to(key, (count, *jnp.shape(key)))  # typed f[] or raw u32[2] keys
         return jax.random.split(key, count)
 
     # ------------------------------------------------------------------ the contract
