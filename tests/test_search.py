@@ -34,9 +34,9 @@ from derl_jax.expr.canonical import to_sympy
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate_numpy
 from derl_jax.logging import read_jsonl
+from derl_jax.evaluator import CandidateResults
 from derl_jax.meta.search import (
     SEARCH_RESULT_FILE,
-    CandidateResults,
     search,
     strip_wall_clock,
 )

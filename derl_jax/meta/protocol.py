@@ -49,7 +49,8 @@ from derl_jax.expr.parse import MAX_NESTING
 from derl_jax.expr.program import compile_expr, stack_programs
 from derl_jax.logging import RunLogger
 from derl_jax.meta import report
-from derl_jax.meta.search import STRUCTURE_CLASSES, CandidateEvaluator, SearchResult, search
+from derl_jax.evaluator import CandidateEvaluator
+from derl_jax.meta.search import STRUCTURE_CLASSES, SearchResult, search
 from derl_jax.meta.strategies import (
     EVOLUTION_INITS,
     FIXED_PREFIX,

@@ -50,11 +50,10 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
-from flax import struct
 
 from derl_jax.checkpoint import CheckpointStore, atomic_write_json
 from derl_jax.domains.base import TokenDataset
@@ -71,6 +70,7 @@ from derl_jax.logging import (
     summary_line,
     truncate_history,
 )
+from derl_jax.evaluator import CandidateEvaluator, CandidateResults
 from derl_jax.meta.strategies import Strategy, check_proposals
 
 SEARCH_RESULT_FILE = "search_result.json"
@@ -81,39 +81,6 @@ WALL_CLOCK_FIELDS = ("time", "iteration_seconds")
 STRUCTURE_CLASSES = ("stable", "unstable", "invalid")
 METRICS_SCOPE = "outer"
 _INIT_STREAM, _ITERATION_STREAM = 0, 1
-
-
-# --------------------------------------------------------------------------- evaluator contract
-
-
-@struct.dataclass
-class CandidateResults:
-    """What one `evaluate_candidates` call returns for K candidates.
-
-    scores: f32[K] greedy pass@1 of each trained policy on the validation split.
-    curves: name -> f32[K, steps] inner-training curves (mean reward, each primitive's mean, ...).
-    params: the K trained policies, stacked along a leading axis K.
-    """
-
-    scores: Any
-    curves: Mapping[str, Any]
-    params: Any
-
-
-class CandidateEvaluator(Protocol):
-    """The inner loop as the outer loop sees it (implemented by `derl_jax.rl.inner`)."""
-
-    def evaluate_candidates(
-        self, programs: Program, init_params: Any, key: jax.Array, train_set: TokenDataset, val_set: TokenDataset
-    ) -> CandidateResults:
-        """Train one policy per stacked program (Program[K]) from `init_params` on `train_set`;
-        score each on `val_set`. Returns an object with `scores`, `curves`, `params`."""
-
-    def train_final(self, program: Program, init_params: Any, key: jax.Array, train_set: TokenDataset) -> tuple[Any, Mapping[str, Any]]:
-        """Train a fresh policy with one program (the final-mode budget) -> (params, curves name -> f32[steps])."""
-
-    def accuracy(self, params: Any, dataset: TokenDataset) -> float:
-        """Greedy pass@1 of one policy on `dataset`."""
 
 
 # --------------------------------------------------------------------------- results

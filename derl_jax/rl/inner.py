@@ -26,7 +26,7 @@ Sharding: with a mesh (axes 'cand', 'data', 'model', see `derl_jax.parallel`) th
 axis runs over 'cand' (the vmap is told `spmd_axis_name='cand'`) and every batch of prompts
 and rollouts inside a policy's loop is constrained to 'data'.
 
-`InnerEvaluator` is what the outer loop calls (`derl_jax.meta.search.CandidateEvaluator`).
+`InnerEvaluator` is what the outer loop calls (`derl_jax.evaluator.CandidateEvaluator`).
 Batched dispatch pads K up to a multiple of the chunk size and of the 'cand' axis with
 copies (dropped afterwards), places the inputs on the mesh and reuses one compiled function
 per padded K. Loop dispatch calls the compiled single-policy `train` once per candidate
@@ -56,7 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from derl_jax.domains.base import TokenDataset, TokenDomain
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate
-from derl_jax.meta.search import CandidateResults
+from derl_jax.evaluator import CandidateResults
 from derl_jax.models.sampling import sample, sequence_logprobs
 from derl_jax.models.transformer import abstract_model, config_of, param_partition_specs
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, make_mesh
@@ -412,7 +412,7 @@ def _take_rows(tree: Any, rows: np.ndarray) -> Any:
 
 
 class InnerEvaluator:
-    """The inner loop as the outer loop uses it (`derl_jax.meta.search.CandidateEvaluator`).
+    """The inner loop as the outer loop uses it (`derl_jax.evaluator.CandidateEvaluator`).
 
     evaluate_candidates(programs Program[K], init_params, key, train_set, val_set)
         -> CandidateResults(scores np.f32[K], curves name -> np.f32[K, S], params [K, ...])
