@@ -1,0 +1,115 @@
+"""Multi-turn environments: the interface multi-turn domains implement.
+
+A JAX environment has gymnax's shape: pure, vmappable functions over a `flax.struct`
+state, so the multi-turn rollout runs it inside the jitted inner loop and `vmap` over K
+reward programs still trains K policies in one call:
+
+    obs, state = env.reset(key, task)                         # task: pytree of arrays of ONE task
+    obs, state, reward, done, info = env.step(state, action)
+
+  obs     i32[O]   token ids of the domain's word-level vocabulary, padded with `pad_id`
+  action  i32[A]   the policy's action tokens (padded with `pad_id`)
+  reward  f32[]    the environment's own reward (reported; rewards come from primitives)
+  done    bool[]   the episode has ended; steps after it are ignored by the rollout
+  info    dict of arrays; must hold "step_score" f32[] (0..1, e.g. whether the action matched
+          the task's tag) and "success" f32[] (1.0 once the task is solved)
+
+A host environment (ScienceWorld, ALFWorld: simulators in Python or Java) offers the
+batched NumPy version of the same two calls over a leading batch axis B:
+
+    obs i32[B, O], states = env.reset(keys u32[B, 2], tasks)     # tasks: pytree, leading axis B
+    obs, states, reward f32[B], done bool[B], info = env.step(states, actions i32[B, A])
+
+`states` is whatever the adapter keeps per episode (a list of simulator handles is fine).
+Both kinds declare `obs_length` (O), `action_length` (A) and `max_turns` (S, the most steps
+of an episode). The multi-turn rollout (`derl_jax.rl.rollout`) builds each turn's prompt from
+the task, the last W observations and the policy's own last W actions, and hands the
+primitives (`primitives/agent.py`) step_scores f32[N, S], step_mask bool[N, S], success f32[N].
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+STEP_INFO_KEYS = ("step_score", "success")
+
+
+@runtime_checkable
+class JaxEnv(Protocol):
+    """A pure JAX environment (see the module docstring)."""
+
+    obs_length: int
+    action_length: int
+    max_turns: int
+
+    def reset(self, key: jax.Array, task: Any) -> tuple[jax.Array, Any]:
+        """(obs i32[O], state) of a fresh episode of `task`."""
+
+    def step(self, state: Any, action: jax.Array) -> tuple[jax.Array, Any, jax.Array, jax.Array, Mapping[str, jax.Array]]:
+        """(obs i32[O], state, reward f32[], done bool[], info) after `action` i32[A]."""
+
+
+@runtime_checkable
+class HostEnv(Protocol):
+    """A batched host environment with NumPy arrays (see the module docstring)."""
+
+    obs_length: int
+    action_length: int
+    max_turns: int
+
+    def reset(self, keys: np.ndarray, tasks: Any) -> tuple[np.ndarray, Any]:
+        """(obs i32[B, O], states) of B fresh episodes."""
+
+    def step(self, states: Any, actions: np.ndarray) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray, Mapping[str, np.ndarray]]:
+        """(obs i32[B, O], states, reward f32[B], done bool[B], info name -> [B]) after actions i32[B, A]."""
+
+
+def is_host_env(env: Any) -> bool:
+    """True for a host environment (declares `host = True`), False for a JAX one."""
+    return bool(getattr(env, "host", False))
+
+
+def checked_reset(env: JaxEnv, key: jax.Array, task: Any) -> tuple[jax.Array, Any]:
+    """`env.reset` with its output checked: obs i32[O]."""
+    obs, state = env.reset(key, task)
+    chex.assert_shape(obs, (env.obs_length,))
+    chex.assert_type(obs, jnp.int32)
+    return obs, state
+
+
+def checked_step(env: JaxEnv, state: Any, action: jax.Array):
+    """`env.step` with its inputs and outputs checked (shapes, dtypes, the info keys)."""
+    chex.assert_shape(action, (env.action_length,))
+    chex.assert_type(action, jnp.int32)
+    obs, state, reward, done, info = env.step(state, action)
+    chex.assert_shape(obs, (env.obs_length,))
+    chex.assert_type(obs, jnp.int32)
+    chex.assert_shape([reward, done], ())
+    chex.assert_type(reward, jnp.float32)
+    chex.assert_type(done, bool)
+    missing = [k for k in STEP_INFO_KEYS if k not in info]
+    if missing:
+        raise KeyError(f"{type(env).__name__}.step: info lacks {missing}; it must hold {STEP_INFO_KEYS}")
+    chex.assert_shape([info[k] for k in STEP_INFO_KEYS], ())
+    return obs, state, reward, done, info
+
+
+def checked_host_step(env: HostEnv, outputs: tuple, batch: int):
+    """Check a host environment's `step`/`reset` arrays for a batch of `batch` episodes."""
+    obs = np.asarray(outputs[0])
+    if obs.shape != (batch, env.obs_length) or not np.issubdtype(obs.dtype, np.integer):
+        raise ValueError(f"{type(env).__name__}: obs must be int [{batch}, {env.obs_length}], got {obs.dtype} {obs.shape}")
+    if len(outputs) == 5:
+        _, _, reward, done, info = outputs
+        missing = [k for k in STEP_INFO_KEYS if k not in info]
+        if missing:
+            raise KeyError(f"{type(env).__name__}.step: info lacks {missing}; it must hold {STEP_INFO_KEYS}")
+        for name, value in (("reward", reward), ("done", done), *((k, info[k]) for k in STEP_INFO_KEYS)):
+            if np.shape(value) != (batch,):
+                raise ValueError(f"{type(env).__name__}.step: {name} must have shape ({batch},), got {np.shape(value)}")
+    return outputs
