@@ -41,6 +41,12 @@ import jax
 import numpy as np
 
 from derl_jax.checkpoint import atomic_write_json, atomic_write_text
+from derl_jax.config import ConfigError, config_value, validate_shared
+from derl_jax.config import choice as _choice
+from derl_jax.config import int_at_least as _int_at_least
+from derl_jax.config import int_tuple as _int_tuple
+from derl_jax.config import model_sizes as _model_sizes
+from derl_jax.config import number as _number
 from derl_jax.domains.base import TokenDataset, TokenDomain
 from derl_jax.expr.canonical import canonical, to_latex
 from derl_jax.expr.check import check_text
@@ -71,109 +77,15 @@ CURVES_PLOT = "outer_curves.png"
 _SEARCH_STREAM, _FINAL_STREAM, _FIXED_VALIDATION_STREAM = 0, 1, 2
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing or out of range; the message names the field."""
-
-
-# --------------------------------------------------------------------------- config validation
-
-
-def config_value(cfg: Any, path: str) -> Any:
-    """`cfg.<path>` for a dotted path; ConfigError naming `config.<path>` when missing."""
-    node = cfg
-    for part in path.split("."):
-        try:
-            node = node[part] if isinstance(node, Mapping) else getattr(node, part)
-        except (KeyError, AttributeError):
-            raise ConfigError(f"config.{path} is missing") from None
-    return node
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _int_at_least(cfg: Any, path: str, minimum: int) -> int:
-    value = config_value(cfg, path)
-    if not _is_int(value):
-        raise ConfigError(f"config.{path} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"config.{path} must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _number(cfg: Any, path: str, *, minimum: float, strict: bool) -> float:
-    value = config_value(cfg, path)
-    ok = _is_number(value) and math.isfinite(float(value)) and (value > minimum if strict else value >= minimum)
-    if not ok:
-        relation = ">" if strict else ">="
-        raise ConfigError(f"config.{path} must be a number {relation} {minimum}, got {value!r}")
-    return float(value)
-
-
-def _choice(cfg: Any, path: str, options: Sequence[str]) -> str:
-    value = config_value(cfg, path)
-    if value not in options:
-        raise ConfigError(f"config.{path} must be one of {tuple(options)}, got {value!r}")
-    return value
-
-
-def _int_tuple(cfg: Any, path: str, *, minimum: int, allowed: Sequence[int] | None = None) -> tuple[int, ...]:
-    value = config_value(cfg, path)
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
-        raise ConfigError(f"config.{path} must be a non-empty tuple of integers, got {value!r}")
-    for item in value:
-        if not _is_int(item) or item < minimum or (allowed is not None and item not in allowed):
-            where = f"in {tuple(allowed)}" if allowed is not None else f">= {minimum}"
-            raise ConfigError(f"config.{path} must hold integers {where}, got {value!r}")
-    if len(set(value)) != len(value):
-        raise ConfigError(f"config.{path} must not repeat values, got {value!r}")
-    return tuple(int(v) for v in value)
-
-
-def _model_sizes(cfg: Any, section: str) -> None:
-    for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-        _int_at_least(cfg, f"{section}.{name}", 1)
-    heads, kv_heads = config_value(cfg, f"{section}.num_heads"), config_value(cfg, f"{section}.num_kv_heads")
-    if heads % kv_heads:
-        raise ConfigError(
-            f"config.{section}.num_heads must be a multiple of config.{section}.num_kv_heads, got {heads} and {kv_heads}"
-        )
-
-
 def validate_config(cfg: Any) -> None:
     """Raise ConfigError naming the first bad field, e.g.
     `config.outer.num_candidates must be >= 2, got 1`."""
-    _int_at_least(cfg, "seed", 0)
-    kind = config_value(cfg, "domain.kind")
-    if not isinstance(kind, str) or not kind:
-        raise ConfigError(f"config.domain.kind must name a domain, got {kind!r}")
+    validate_shared(cfg)
     _int_at_least(cfg, "domain.seed", 0)
     _int_at_least(cfg, "domain.num_train", 5)
     _int_at_least(cfg, "domain.num_test", 1)
     _int_tuple(cfg, "domain.levels", minimum=1)
     _int_at_least(cfg, "domain.max_new_tokens", 2)
-
-    _model_sizes(cfg, "policy")
-    _int_at_least(cfg, "policy.sft_steps", 0)
-    _number(cfg, "policy.sft_lr", minimum=0.0, strict=True)
-    _int_at_least(cfg, "policy.sft_batch_size", 1)
-
-    _int_at_least(cfg, "inner.steps", 1)
-    _int_at_least(cfg, "inner.prompts_per_step", 1)
-    _int_at_least(cfg, "inner.group_size", 2)
-    _number(cfg, "inner.lr", minimum=0.0, strict=True)
-    _number(cfg, "inner.kl", minimum=0.0, strict=False)
-    _int_at_least(cfg, "inner.chunk_size", 0)
-    _number(cfg, "inner.temperature", minimum=0.0, strict=True)
-    inner_block = config_value(cfg, "inner")
-    if "common_random_numbers" in inner_block and not isinstance(inner_block["common_random_numbers"], bool):
-        raise ConfigError(f"config.inner.common_random_numbers must be True or False, "
-                          f"got {inner_block['common_random_numbers']!r}")
 
     backbone = _choice(cfg, "meta.backbone", ("scratch", "hf"))
     if backbone == "hf" and not str(config_value(cfg, "meta.hf_path")).strip():
@@ -222,11 +134,6 @@ def validate_config(cfg: Any) -> None:
     _int_tuple(cfg, "compare.seeds", minimum=0)
     if not isinstance(config_value(cfg, "compare.per_iteration_test"), bool):
         raise ConfigError(f"config.compare.per_iteration_test must be True or False, got {config_value(cfg, 'compare.per_iteration_test')!r}")
-
-    for axis in ("cand", "data", "model"):
-        size = config_value(cfg, f"mesh.{axis}")
-        if not _is_int(size) or (size < 1 and size != -1):
-            raise ConfigError(f"config.mesh.{axis} must be a positive integer or -1 (fill), got {size!r}")
 
 
 # --------------------------------------------------------------------------- splits and keys

@@ -1,0 +1,185 @@
+"""Config validation: the shared blocks here, each domain's own fields in its `DomainSpec.validate`.
+
+Every check raises `ConfigError` with one line naming the field, e.g.
+`config.inner.group_size must be >= 2, got 1`. `validate(cfg)` runs the checks of the blocks
+every run has (seed, name, domain.kind, policy, inner, grpo, mesh) and then the domain's own;
+the strategy blocks (outer, meta, evolution, compare, final) are checked by the strategies
+(`derl_jax.meta.strategies.validate_config`). The small checkers below are shared by all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+MODEL_SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or out of range; the message names the field."""
+
+
+# --------------------------------------------------------------------------- checkers
+
+
+def config_value(cfg: Any, path: str) -> Any:
+    """`cfg.<path>` for a dotted path; ConfigError naming `config.<path>` when missing."""
+    node = cfg
+    for part in path.split("."):
+        try:
+            node = node[part] if isinstance(node, Mapping) else getattr(node, part)
+        except (KeyError, AttributeError, TypeError):
+            raise ConfigError(f"config.{path} is missing") from None
+    return node
+
+
+def has_field(cfg: Any, path: str) -> bool:
+    """Whether `cfg.<path>` exists."""
+    try:
+        config_value(cfg, path)
+    except ConfigError:
+        return False
+    return True
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def int_at_least(cfg: Any, path: str, minimum: int) -> int:
+    """`cfg.<path>` as an int >= minimum."""
+    value = config_value(cfg, path)
+    if not is_int(value):
+        raise ConfigError(f"config.{path} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"config.{path} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def number(cfg: Any, path: str, *, minimum: float, strict: bool) -> float:
+    """`cfg.<path>` as a finite float > minimum (strict) or >= minimum."""
+    value = config_value(cfg, path)
+    ok = is_number(value) and math.isfinite(float(value)) and (value > minimum if strict else value >= minimum)
+    if not ok:
+        relation = ">" if strict else ">="
+        raise ConfigError(f"config.{path} must be a number {relation} {minimum}, got {value!r}")
+    return float(value)
+
+
+def choice(cfg: Any, path: str, options: Sequence[str]) -> str:
+    """`cfg.<path>`, which must be one of `options`."""
+    value = config_value(cfg, path)
+    if value not in options:
+        raise ConfigError(f"config.{path} must be one of {tuple(options)}, got {value!r}")
+    return value
+
+
+def boolean(cfg: Any, path: str) -> bool:
+    """`cfg.<path>`, which must be True or False."""
+    value = config_value(cfg, path)
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"config.{path} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def int_tuple(cfg: Any, path: str, *, minimum: int, allowed: Sequence[int] | None = None) -> tuple[int, ...]:
+    """`cfg.<path>` as a non-empty tuple of distinct ints >= minimum (and in `allowed` when given)."""
+    value = config_value(cfg, path)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
+        raise ConfigError(f"config.{path} must be a non-empty tuple of integers, got {value!r}")
+    for item in value:
+        if not is_int(item) or item < minimum or (allowed is not None and item not in allowed):
+            where = f"in {tuple(allowed)}" if allowed is not None else f">= {minimum}"
+            raise ConfigError(f"config.{path} must hold integers {where}, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"config.{path} must not repeat values, got {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def model_sizes(cfg: Any, section: str) -> None:
+    """The transformer sizes of `config.<section>`: positive ints, heads a multiple of kv heads."""
+    for name in MODEL_SIZE_FIELDS:
+        int_at_least(cfg, f"{section}.{name}", 1)
+    heads, kv_heads = config_value(cfg, f"{section}.num_heads"), config_value(cfg, f"{section}.num_kv_heads")
+    if heads % kv_heads:
+        raise ConfigError(
+            f"config.{section}.num_heads must be a multiple of config.{section}.num_kv_heads, got {heads} and {kv_heads}"
+        )
+
+
+# --------------------------------------------------------------------------- the shared blocks
+
+
+def validate_shared(cfg: Any) -> None:
+    """Seed, name, domain.kind (a name), policy, inner, GRPO keys and mesh; no domain lookup."""
+    int_at_least(cfg, "seed", 0)
+    name = config_value(cfg, "name")
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise ConfigError(f"config.name must be a non-empty name without '/', got {name!r}")
+    kind = config_value(cfg, "domain.kind")
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"config.domain.kind must name a domain, got {kind!r}")
+
+    model_sizes(cfg, "policy")
+    int_at_least(cfg, "policy.sft_steps", 0)
+    number(cfg, "policy.sft_lr", minimum=0.0, strict=True)
+    int_at_least(cfg, "policy.sft_batch_size", 1)
+
+    int_at_least(cfg, "inner.steps", 1)
+    int_at_least(cfg, "inner.prompts_per_step", 1)
+    int_at_least(cfg, "inner.group_size", 2)
+    number(cfg, "inner.lr", minimum=0.0, strict=True)
+    number(cfg, "inner.kl", minimum=0.0, strict=False)
+    int_at_least(cfg, "inner.chunk_size", 0)
+    number(cfg, "inner.temperature", minimum=0.0, strict=True)
+    if has_field(cfg, "inner.common_random_numbers"):
+        boolean(cfg, "inner.common_random_numbers")
+    for block in ("inner", "grpo"):
+        if has_field(cfg, block):
+            _grpo_fields(cfg, block)
+
+    for axis in ("cand", "data", "model"):
+        size = config_value(cfg, f"mesh.{axis}")
+        if not is_int(size) or (size < 1 and size != -1):
+            raise ConfigError(f"config.mesh.{axis} must be a positive integer or -1 (fill), got {size!r}")
+
+
+def _grpo_fields(cfg: Any, block: str) -> None:
+    """The optional GRPO keys of `config.<block>`, each checked when present."""
+    from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS
+
+    present = lambda field: has_field(cfg, f"{block}.{field}")  # noqa: E731
+    for field in ("clip_low", "clip_high", "eps_low", "eps_high", "weight_decay"):
+        if present(field):
+            number(cfg, f"{block}.{field}", minimum=0.0, strict=False)
+    for field in ("clip_low", "eps_low"):
+        if present(field) and config_value(cfg, f"{block}.{field}") >= 1:
+            raise ConfigError(f"config.{block}.{field} must be < 1, got {config_value(cfg, f'{block}.{field}')!r}")
+    for field, minimum in (("epochs", 1), ("minibatches", 1), ("warmup_steps", 0), ("top_k", 0)):
+        if present(field):
+            int_at_least(cfg, f"{block}.{field}", minimum)
+    if present("max_grad_norm"):
+        number(cfg, f"{block}.max_grad_norm", minimum=0.0, strict=True)
+    if present("kl_kind"):
+        choice(cfg, f"{block}.kl_kind", KL_KINDS)
+    if present("loss_agg"):
+        choice(cfg, f"{block}.loss_agg", LOSS_AGGREGATIONS)
+    if present("normalize_std"):
+        boolean(cfg, f"{block}.normalize_std")
+
+
+def validate(cfg: Any) -> None:
+    """The shared blocks, then the domain named by `config.domain.kind` checks its own fields.
+
+    Raises ConfigError naming the first bad field (an unknown domain lists the known ones).
+    """
+    from derl_jax.domains.registry import get_domain
+
+    validate_shared(cfg)
+    get_domain(config_value(cfg, "domain.kind")).validate(cfg)
