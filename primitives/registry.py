@@ -1,7 +1,9 @@
 """The primitive registry.
 
 A primitive scores one aspect of a policy's output and returns `f32[N]`, one value per
-rollout. Register one with the decorator; nothing else in the code base needs to change:
+rollout. Register one with the decorator in any module of the `primitives` package (a new
+file there is found by package discovery, no list to edit), or in a module of your own
+named in the config entry `primitives.modules` (imported by `import_modules`):
 
     from primitives.registry import primitive
 
@@ -88,13 +90,32 @@ def symbol_table(prims: Sequence[Primitive]) -> dict[str, int]:
     return table
 
 
-def _import_builtin_modules() -> None:
-    """Import the primitive modules that ship with the package so they register."""
+def discovered_modules() -> tuple[str, ...]:
+    """Every module of the `primitives` package but this one (sorted): the primitive families."""
+    import pkgutil
+
+    import primitives
+
+    names = (m.name for m in pkgutil.iter_modules(primitives.__path__) if not m.name.startswith("_"))
+    return tuple(sorted(f"primitives.{name}" for name in names if name != "registry"))
+
+
+def import_modules(modules: Sequence[str]) -> None:
+    """Import primitive modules by dotted name (the config entry `primitives.modules`) so they register.
+
+    A module that cannot be found raises ModuleNotFoundError naming it.
+    """
     import importlib
 
-    for module in ("primitives.agent", "primitives.arith", "primitives.math"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
+    if isinstance(modules, str):
+        raise TypeError(f"import_modules: expected a sequence of module names, got the string {modules!r}")
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _import_builtin_modules() -> None:
+    """Import the modules of the `primitives` package so their primitives register."""
+    import importlib
+
+    for module in discovered_modules():
+        importlib.import_module(module)

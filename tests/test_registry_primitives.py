@@ -1,0 +1,105 @@
+"""primitives.registry: a new primitive file is found without editing a list, and scores rewards."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import primitives
+from derl_jax.expr.check import check_text
+from derl_jax.expr.program import compile_expr
+from derl_jax.expr.vm import evaluate
+from primitives import registry
+
+# A whole primitive file: device primitives of a toy domain over token arrays.
+UNIT_PRIMITIVES = '''
+import jax.numpy as jnp
+
+from primitives.registry import primitive
+
+
+@primitive("{prefix}_length", kind="device", domain="{domain}")
+def length(rollout, context):
+    """Generated tokens over the target length."""
+    return jnp.sum(rollout["mask"], axis=-1).astype(jnp.float32) / context["target"]
+
+
+@primitive("{prefix}_hits", kind="device", domain="{domain}", aliases=("{prefix}_h",))
+def hits(rollout, context):
+    """1 where the first token is the wanted one."""
+    return (rollout["tokens"][:, 0] == context["wanted"]).astype(jnp.float32)
+'''
+
+
+@pytest.fixture
+def primitive_dir(tmp_path, monkeypatch):
+    """A directory on the `primitives` package path: a file put there is `primitives.<name>`."""
+    monkeypatch.setattr(primitives, "__path__", [*primitives.__path__, str(tmp_path)])
+    added = []
+
+    def write(name: str, domain: str) -> None:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(UNIT_PRIMITIVES.format(prefix=name, domain=domain)))
+        added.append((name, domain))
+
+    yield write
+    for name, domain in added:
+        sys.modules.pop(f"primitives.{name}", None)
+        for key in [k for k in registry._REGISTRY if k[0] == domain]:
+            del registry._REGISTRY[key]
+
+
+def rollout_batch():
+    tokens = jnp.array([[5, 1, 2, 0], [7, 7, 0, 0], [5, 0, 0, 0]], jnp.int32)
+    mask = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], bool)
+    context = {"target": jnp.float32(4.0), "wanted": jnp.int32(5)}
+    return {"tokens": tokens, "mask": mask}, context
+
+
+def test_a_new_primitive_file_is_discovered_and_used_in_a_reward(primitive_dir):
+    primitive_dir("unitprims", domain="unit")
+    assert "primitives.unitprims" in registry.discovered_modules()
+    assert "primitives.registry" not in registry.discovered_modules()
+    prims = registry.resolve("unit", ("unitprims_hits", "unitprims_length"))
+    assert [p.name for p in prims] == ["unitprims_hits", "unitprims_length"]
+    assert prims[1].doc == "Generated tokens over the target length."
+    assert [p.name for p in registry.registered("unit")] == ["unitprims_hits", "unitprims_length"]
+
+    rollout, context = rollout_batch()
+    values = jnp.stack([p.fn(rollout, context) for p in prims], axis=-1)  # f32[N, P]
+    np.testing.assert_array_equal(np.asarray(values), [[1, 0.75], [0, 0.5], [1, 0.25]])
+
+    table = registry.symbol_table(prims)
+    assert table == {"g1": 0, "unitprims_hits": 0, "unitprims_h": 0, "g2": 1, "unitprims_length": 1}
+    tree, validity = check_text("unitprims_h + 0.5*unitprims_length", table)
+    assert validity.ok, validity.reason
+    rewards = evaluate(compile_expr(tree, num_primitives=2), values, jnp.float32(0.0))
+    np.testing.assert_allclose(np.asarray(rewards), [1.375, 0.25, 1.125], rtol=1e-6)
+
+
+def test_builtin_families_are_found_by_discovery():
+    found = registry.discovered_modules()
+    for module in ("primitives.agent", "primitives.arith", "primitives.math"):
+        assert module in found
+    assert [p.name for p in registry.resolve("arith", ("correct", "boxed"))] == ["correct", "boxed"]
+
+
+def test_a_module_named_in_the_config_registers_its_primitives(tmp_path, monkeypatch):
+    (tmp_path / "my_reward_family.py").write_text(textwrap.dedent(UNIT_PRIMITIVES.format(prefix="mine", domain="unit_cfg")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(KeyError, match="no primitive 'mine_hits' in domain 'unit_cfg'; registered: \\[\\]"):
+            registry.get("unit_cfg", "mine_hits")
+        registry.import_modules(("my_reward_family",))
+        assert registry.get("unit_cfg", "mine_hits").aliases == ("mine_h",)
+        with pytest.raises(ModuleNotFoundError, match="no_such_reward_module"):
+            registry.import_modules(("no_such_reward_module",))
+        with pytest.raises(TypeError, match="sequence of module names"):
+            registry.import_modules("my_reward_family")
+    finally:
+        sys.modules.pop("my_reward_family", None)
+        for key in [k for k in registry._REGISTRY if k[0] == "unit_cfg"]:
+            del registry._REGISTRY[key]
