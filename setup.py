@@ -37,7 +37,7 @@ setup(
     name="derl_jax",
     version="0.1.0",
     description="Differentiable Evolutionary RL for reward discovery, in JAX.",
-    packages=find_packages(include=["derl_jax", "derl_jax.*", "primitives", "primitives.*"]),
+    packages=find_packages(include=["derl_jax", "derl_jax.*", "primitives", "primitives.*", "configs", "configs.*"]),
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={
