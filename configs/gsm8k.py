@@ -24,21 +24,11 @@ differ. Presets (`--config=configs/gsm8k.py:<preset>`):
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import ml_collections
 
-
-def _math_config_module():
-    """configs/math.py, loaded by path (configs/ is not an installed package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "math.py")
-    spec = importlib.util.spec_from_file_location("derl_configs_math", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from configs import math as math_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The config of preset `arg`: "default" (None or empty), "mixture" or "tiny"."""
-    return _math_config_module().build(arg, test_source="gsm8k")
+    return math_config.build(arg, test_source="gsm8k")

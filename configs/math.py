@@ -46,15 +46,12 @@ Fields (every one overridable, e.g. `--config.inner.steps=50`):
                              below), tokenizer directory ("" = the checkpoint's), dtypes, remat;
                              the sizes only shape the random policy; sft_* must stay 0 (the
                              paper starts from the base model)
-  inner.*                    GRPO inner loop: steps, prompts per step, group size, lr, KL
-                             weight and estimator, clip range, loss aggregation, epochs and
-                             minibatches per batch, gradient clip, weight decay, warm-up,
-                             candidates trained interleaved (chunk_size, 0 = all), sampling
-                             temperature / top-k, greedy evaluation batch, compute budget
-                             (factor, reference, explicit token count), time limit, host
-                             primitive threads, whether trained policies are returned
-  meta.*, outer.*, evolution.*, final.steps, compare.*: as in configs/arith.py
-  mesh.*                     device mesh (cand, data, model); explicit sizes use the first
+  inner.*                    the shared GRPO block (configs/common.py) at the paper's values:
+                             group size 5, lr 1e-6, KL 0.001, 4 minibatches, weight decay
+                             0.01, one candidate trained at a time, compute budget 1.3 x
+                             outcome-only, 3.5-hour time limit
+  meta.*, outer.*, evolution.*, final.steps, compare.*, mesh.*, primitives.*: the shared
+                             blocks of configs/common.py; mesh sizes use the first
                              cand*data*model devices, -1 fills with all devices
 """
 
@@ -62,32 +59,11 @@ from __future__ import annotations
 
 import ml_collections
 
-ALL_METHODS = ("derl", "derl_pop", "random", "evolution", "outcome", "outcome_format", "average")
+from configs import common
+
 TINY_DATA_DIR = "/tmp/derl_math_tiny"
 QWEN25_3B_SHAPE = {"hidden_size": 2048, "intermediate_size": 11008, "num_layers": 36, "num_heads": 16,
                    "num_kv_heads": 2, "head_dim": 128}
-
-
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config of preset `arg`: "default" (None or empty), "mixture" or "tiny"."""
-    return build(arg, test_source="math")
-
-
-def build(arg: str | None, test_source: str) -> ml_collections.ConfigDict:
-    """Presets shared by configs/math.py and configs/gsm8k.py; `test_source` is "math" or "gsm8k"."""
-    preset = (arg or "default").strip()
-    cfg = paper_defaults(test_source)
-    if preset == "default":
-        return cfg
-    if preset == "mixture":
-        cfg.name = f"{test_source}_mixture"
-        cfg.data.train = f"math:{DATA_PATHS['math']['train']},gsm8k:{DATA_PATHS['gsm8k']['train']}"
-        return set_epoch_steps(cfg, TRAIN_PROBLEMS["math"] + TRAIN_PROBLEMS["gsm8k"])
-    if preset == "tiny":
-        return tiny(cfg, test_source)
-    raise ValueError(f"configs/{test_source}.py: unknown preset {preset!r}; expected 'default', 'mixture' or 'tiny'")
-
-
 MATH_TASK = (
     "The policy solves math word problems (GSM8K, MATH): it writes its reasoning and a final answer."
 )
@@ -107,6 +83,21 @@ DATA_PATHS = {
 }
 
 
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config of preset `arg`: "default" (None or empty), "mixture" or "tiny"."""
+    return build(arg, test_source="math")
+
+
+def build(arg: str | None, test_source: str) -> ml_collections.ConfigDict:
+    """Presets shared by configs/math.py and configs/gsm8k.py; `test_source` is "math" or "gsm8k"."""
+    presets = {
+        "default": lambda: paper_defaults(test_source),
+        "mixture": lambda: mixture(paper_defaults(test_source), test_source),
+        "tiny": lambda: tiny(paper_defaults(test_source), test_source),
+    }
+    return common.preset(presets, arg, f"configs/{test_source}.py")
+
+
 def set_epoch_steps(cfg: ml_collections.ConfigDict, train_problems: int) -> ml_collections.ConfigDict:
     """inner.steps = 10 epochs of the inner-training split (8/10 of the training problems),
     final.steps = 15 epochs of the full training set (the paper's schedule), at inner.prompts_per_step."""
@@ -118,103 +109,56 @@ def set_epoch_steps(cfg: ml_collections.ConfigDict, train_problems: int) -> ml_c
 
 
 def paper_defaults(source: str) -> ml_collections.ConfigDict:
-    cfg = ml_collections.ConfigDict()
-    cfg.name = source
-    cfg.seed = 0
+    domain = {
+        "kind": "math",
+        "seed": 0,
+        "num_train": 1_000_000,
+        "num_test": 1_000_000,
+        "levels": (1, 2, 3, 4, 5),
+        "max_new_tokens": 512,
+        "max_prompt_tokens": 512,
+        "bucket_sizes": (128, 256, 512),
+        "overlong_prompts": "drop",
+        "system_prompt": "",
+        "remove_primitives": (),
+        "reverse_primitives": (),
+        "answer_timeout_s": 5.0,
+        "answer_workers": 4,
+    }
+    policy = {
+        "checkpoint": "/models/Qwen2.5-3B",
+        "tokenizer": "",
+        "param_dtype": "float32",
+        "compute_dtype": "",
+        "remat": True,
+        **QWEN25_3B_SHAPE,
+        "sft_steps": 0,
+        "sft_lr": 1e-5,
+        "sft_batch_size": 1,
+    }
+    cfg = common.base(source, domain, policy)
     cfg.data = ml_collections.ConfigDict(
         {"train": f"{source}:{DATA_PATHS[source]['train']}", "test": f"{source}:{DATA_PATHS[source]['test']}"}
     )
-    cfg.domain = ml_collections.ConfigDict(
-        {
-            "kind": "math",
-            "seed": 0,
-            "num_train": 1_000_000,
-            "num_test": 1_000_000,
-            "levels": (1, 2, 3, 4, 5),
-            "max_new_tokens": 512,
-            "max_prompt_tokens": 512,
-            "bucket_sizes": (128, 256, 512),
-            "overlong_prompts": "drop",
-            "system_prompt": "",
-            "remove_primitives": (),
-            "reverse_primitives": (),
-            "answer_timeout_s": 5.0,
-            "answer_workers": 4,
-        }
+    cfg.inner.update(
+        prompts_per_step=64, group_size=5, lr=1e-6, kl=0.001, minibatches=4, weight_decay=0.01, chunk_size=1,
+        budget_factor=1.3, time_limit_s=3.5 * 3600.0,
     )
-    cfg.policy = ml_collections.ConfigDict(
-        {
-            "checkpoint": "/models/Qwen2.5-3B",
-            "tokenizer": "",
-            "param_dtype": "float32",
-            "compute_dtype": "",
-            "remat": True,
-            **QWEN25_3B_SHAPE,
-            "sft_steps": 0,
-            "sft_lr": 1e-5,
-            "sft_batch_size": 1,
-        }
+    cfg.meta.update(
+        backbone="hf", hf_path="/models/Qwen2.5-0.5B-Instruct", task_description=MATH_TASK,
+        primitive_descriptions=MATH_PRIMITIVE_DESCRIPTIONS, cold_start_lr=1e-5, lr=1e-6, kl=0.001, epochs=1,
     )
-    cfg.inner = ml_collections.ConfigDict(
-        {
-            "steps": 1,  # set_epoch_steps below
-            "prompts_per_step": 64,
-            "group_size": 5,
-            "lr": 1e-6,
-            "kl": 0.001,
-            "kl_kind": "k3",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
-            "normalize_std": True,
-            "loss_agg": "token_mean",
-            "epochs": 1,
-            "minibatches": 4,
-            "max_grad_norm": 1.0,
-            "weight_decay": 0.01,
-            "warmup_steps": 0,
-            "chunk_size": 1,
-            "temperature": 1.0,
-            "top_k": 0,
-            "eval_batch_size": 64,
-            "budget_factor": 1.3,
-            "budget_reference": "base_lengths",
-            "budget_tokens": 0,
-            "time_limit_s": 3.5 * 3600.0,
-            "host_workers": 4,
-            "return_params": True,
-        }
-    )
-    cfg.meta = ml_collections.ConfigDict(
-        {
-            "backbone": "hf",
-            "hf_path": "/models/Qwen2.5-0.5B-Instruct",
-            "task_description": MATH_TASK,
-            "primitive_descriptions": MATH_PRIMITIVE_DESCRIPTIONS,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_layers": 2,
-            "num_heads": 4,
-            "num_kv_heads": 2,
-            "head_dim": 16,
-            "temperature": 1.0,
-            "max_symbols": 32,
-            "max_depth": 4,
-            "cold_start_corpus": 256,
-            "cold_start_steps": 150,
-            "cold_start_lr": 1e-5,
-            "lr": 1e-6,
-            "kl": 0.001,
-            "epochs": 1,
-        }
-    )
-    cfg.outer = ml_collections.ConfigDict({"strategy": "derl", "iterations": 8, "num_candidates": 8, "split_seed": 0})
-    cfg.evolution = ml_collections.ConfigDict(
-        {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
-    )
-    cfg.final = ml_collections.ConfigDict({"steps": 1})
-    cfg.compare = ml_collections.ConfigDict({"methods": ALL_METHODS, "seeds": (0,), "per_iteration_test": False})
-    cfg.mesh = ml_collections.ConfigDict({"cand": 1, "data": 1, "model": -1})
+    cfg.outer.iterations = 8
+    cfg.compare.seeds = (0,)
+    cfg.mesh.model = -1
     return set_epoch_steps(cfg, TRAIN_PROBLEMS[source])
+
+
+def mixture(cfg: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDict:
+    """Trained on MATH + GSM8K, tested on `source`."""
+    cfg.name = f"{source}_mixture"
+    cfg.data.train = f"math:{DATA_PATHS['math']['train']},gsm8k:{DATA_PATHS['gsm8k']['train']}"
+    return set_epoch_steps(cfg, TRAIN_PROBLEMS["math"] + TRAIN_PROBLEMS["gsm8k"])
 
 
 def _bundled_tokenizer() -> str:
@@ -230,6 +174,7 @@ def _bundled_tokenizer() -> str:
 
 def tiny(cfg: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDict:
     """Toy sizes on the files of `python -m derl_jax.domains.math --write_tiny_data=/tmp/derl_math_tiny`."""
+    cfg = common.toy_search(cfg)
     cfg.name = f"{source}_tiny"
     if source == "math":
         cfg.data.train = f"gsm8k:{TINY_DATA_DIR}/gsm8k_train.jsonl,math:{TINY_DATA_DIR}/math_train.jsonl"
@@ -242,17 +187,9 @@ def tiny(cfg: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDi
         num_heads=2, num_kv_heads=1, head_dim=4,
     )
     cfg.inner.update(
-        steps=2, prompts_per_step=2, group_size=2, lr=1e-3, minibatches=1, chunk_size=0, eval_batch_size=8,
-        time_limit_s=0.0, host_workers=2,
+        prompts_per_step=2, group_size=2, lr=1e-3, minibatches=1, chunk_size=0, eval_batch_size=8, time_limit_s=0.0,
+        host_workers=2,
     )
-    cfg.meta.update(
-        backbone="scratch", hf_path="", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-        num_kv_heads=1, max_symbols=16, max_depth=3, cold_start_corpus=32, cold_start_steps=10, cold_start_lr=3e-3,
-        lr=1e-4, kl=0.01,
-    )
-    cfg.outer.update(iterations=2, num_candidates=2)
-    cfg.evolution.update(capacity=4)
-    cfg.final.steps = 2
-    cfg.compare.update(methods=("derl", "outcome"), seeds=(0,))
-    cfg.mesh.update(cand=1, data=1, model=1)
+    cfg.meta.update(cold_start_lr=3e-3, lr=1e-4, kl=0.01)
+    cfg.mesh.model = 1
     return cfg

@@ -2,7 +2,7 @@
 
 Every check raises `ConfigError` with one line naming the field, e.g.
 `config.inner.group_size must be >= 2, got 1`. `validate(cfg)` runs the checks of the blocks
-every run has (seed, name, domain.kind, policy, inner, grpo, mesh) and then the domain's own;
+every run has (seed, name, domain.kind, policy, inner, grpo, mesh, primitives) and then the domain's own;
 the strategy blocks (outer, meta, evolution, compare, final) are checked by the strategies
 (`derl_jax.meta.strategies.validate_config`). The small checkers below are shared by all of them.
 """
@@ -117,7 +117,7 @@ def model_sizes(cfg: Any, section: str) -> None:
 
 
 def validate_shared(cfg: Any) -> None:
-    """Seed, name, domain.kind (a name), policy, inner, GRPO keys and mesh; no domain lookup."""
+    """Seed, name, domain.kind (a name), policy, inner and GRPO keys, mesh, primitives.modules; no domain lookup."""
     int_at_least(cfg, "seed", 0)
     name = config_value(cfg, "name")
     if not isinstance(name, str) or not name.strip() or "/" in name:
@@ -138,40 +138,51 @@ def validate_shared(cfg: Any) -> None:
     number(cfg, "inner.kl", minimum=0.0, strict=False)
     int_at_least(cfg, "inner.chunk_size", 0)
     number(cfg, "inner.temperature", minimum=0.0, strict=True)
-    if has_field(cfg, "inner.common_random_numbers"):
-        boolean(cfg, "inner.common_random_numbers")
     for block in ("inner", "grpo"):
         if has_field(cfg, block):
-            _grpo_fields(cfg, block)
+            _optional_inner_fields(cfg, block)
 
     for axis in ("cand", "data", "model"):
         size = config_value(cfg, f"mesh.{axis}")
         if not is_int(size) or (size < 1 and size != -1):
             raise ConfigError(f"config.mesh.{axis} must be a positive integer or -1 (fill), got {size!r}")
+    if has_field(cfg, "primitives.modules"):
+        modules = config_value(cfg, "primitives.modules")
+        if isinstance(modules, str) or not isinstance(modules, Sequence) or not all(
+                isinstance(m, str) and m for m in modules):
+            raise ConfigError(f"config.primitives.modules must be a tuple of module names, got {modules!r}")
 
 
-def _grpo_fields(cfg: Any, block: str) -> None:
-    """The optional GRPO keys of `config.<block>`, each checked when present."""
+def _optional_inner_fields(cfg: Any, block: str) -> None:
+    """The optional keys of the inner loop / GRPO in `config.<block>`, each checked when present."""
+    from derl_jax.rl.config import BUDGET_REFERENCES, DISPATCH_MODES
     from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS
 
     present = lambda field: has_field(cfg, f"{block}.{field}")  # noqa: E731
-    for field in ("clip_low", "clip_high", "eps_low", "eps_high", "weight_decay"):
+    for field in ("clip_low", "clip_high", "weight_decay", "budget_factor", "time_limit_s"):
         if present(field):
             number(cfg, f"{block}.{field}", minimum=0.0, strict=False)
-    for field in ("clip_low", "eps_low"):
-        if present(field) and config_value(cfg, f"{block}.{field}") >= 1:
-            raise ConfigError(f"config.{block}.{field} must be < 1, got {config_value(cfg, f'{block}.{field}')!r}")
-    for field, minimum in (("epochs", 1), ("minibatches", 1), ("warmup_steps", 0), ("top_k", 0)):
+    if present("clip_low") and config_value(cfg, f"{block}.clip_low") >= 1:
+        raise ConfigError(f"config.{block}.clip_low must be < 1, got {config_value(cfg, f'{block}.clip_low')!r}")
+    for field, minimum in (("epochs", 1), ("minibatches", 1), ("warmup_steps", 0), ("top_k", 0),
+                           ("eval_batch_size", 1), ("budget_tokens", 0), ("host_workers", 1)):
         if present(field):
             int_at_least(cfg, f"{block}.{field}", minimum)
-    if present("max_grad_norm"):
-        number(cfg, f"{block}.max_grad_norm", minimum=0.0, strict=True)
-    if present("kl_kind"):
-        choice(cfg, f"{block}.kl_kind", KL_KINDS)
-    if present("loss_agg"):
-        choice(cfg, f"{block}.loss_agg", LOSS_AGGREGATIONS)
-    if present("normalize_std"):
-        boolean(cfg, f"{block}.normalize_std")
+    if present("max_grad_norm") and config_value(cfg, f"{block}.max_grad_norm") is not None:
+        number(cfg, f"{block}.max_grad_norm", minimum=0.0, strict=False)
+    for field, options in (("kl_kind", KL_KINDS), ("loss_agg", LOSS_AGGREGATIONS), ("dispatch", DISPATCH_MODES),
+                           ("budget_reference", BUDGET_REFERENCES)):
+        if present(field):
+            choice(cfg, f"{block}.{field}", options)
+    for field in ("normalize_std", "kl_metric", "common_random_numbers", "return_params"):
+        if present(field):
+            boolean(cfg, f"{block}.{field}")
+    if present("minibatches"):
+        rollouts = int_at_least(cfg, "inner.prompts_per_step", 1) * int_at_least(cfg, "inner.group_size", 1)
+        minibatches = config_value(cfg, f"{block}.minibatches")
+        if rollouts % minibatches:
+            raise ConfigError(f"config.{block}.minibatches must divide the {rollouts} rollouts per step "
+                              f"(inner.prompts_per_step x inner.group_size), got {minibatches}")
 
 
 def validate(cfg: Any) -> None:

@@ -22,6 +22,7 @@ def shared_config() -> dict:
                   "temperature": 1.0, "common_random_numbers": True, "clip_low": 0.2, "clip_high": 0.28,
                   "kl_kind": "k3", "loss_agg": "token_mean", "epochs": 1, "minibatches": 1, "max_grad_norm": 1.0},
         "mesh": {"cand": 1, "data": 1, "model": -1},
+        "primitives": {"modules": ("primitives.arith",)},
     }
 
 
@@ -95,7 +96,11 @@ def test_validate_accepts_the_shared_blocks_and_runs_the_domain_check(unit_domai
         ("inner.kl_kind", "k9", "config.inner.kl_kind must be one of ('k1', 'k2', 'k3'), got 'k9'"),
         ("inner.loss_agg", "sum", "config.inner.loss_agg must be one of"),
         ("inner.minibatches", 0, "config.inner.minibatches must be >= 1, got 0"),
-        ("inner.max_grad_norm", 0.0, "config.inner.max_grad_norm must be a number > 0.0, got 0.0"),
+        ("inner.max_grad_norm", -1.0, "config.inner.max_grad_norm must be a number >= 0.0, got -1.0"),
+        ("inner.minibatches", 3, "config.inner.minibatches must divide the 4 rollouts per step"),
+        ("inner.dispatch", "fast", "config.inner.dispatch must be one of"),
+        ("inner.kl_metric", 1, "config.inner.kl_metric must be True or False, got 1"),
+        ("primitives.modules", "my.mod", "config.primitives.modules must be a tuple of module names, got 'my.mod'"),
         ("mesh.cand", 0, "config.mesh.cand must be a positive integer or -1 (fill), got 0"),
         ("mesh.model", -2, "config.mesh.model must be a positive integer or -1 (fill), got -2"),
     ],

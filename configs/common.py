@@ -1,0 +1,133 @@
+"""The blocks every experiment shares, defined once; `configs/<experiment>.py` overrides what differs.
+
+`base(name, domain, policy)` is a whole run config: the experiment's `domain` and `policy`
+blocks plus these shared blocks at their defaults (the arithmetic domain's scale):
+
+  seed                 run seed (search and final training keys of the `search`/`final` modes)
+  inner.*              the inner GRPO loop (`derl_jax.rl.config.InnerConfig` documents every key):
+                       steps, prompts per step, group size, learning rate, KL weight and
+                       estimator, clip range, loss aggregation, epochs and minibatches per
+                       batch, gradient clip, weight decay, warm-up, sampling temperature and
+                       top-k, candidates trained at once (chunk_size, 0 = all), greedy
+                       evaluation batch, common random numbers, dispatch, and for host-scored
+                       domains the compute budget, time limit and host primitive threads
+  meta.*               the Meta-Optimizer: backbone ("scratch": a tiny model trained from random
+                       init; "hf": a local Hugging Face checkpoint at `hf_path`), model sizes,
+                       task / primitive descriptions for the hf prompt, sampling temperature,
+                       longest expression in grammar symbols, nesting depth, cold-start SFT
+                       corpus size / steps / learning rate, GRPO learning rate, KL weight, epochs
+  outer.*              outer loop: strategy (search mode), iterations, candidates per iteration
+                       (the Meta-Optimizer's GRPO group size n), seed of the 8:2 inner-train /
+                       validation split
+  evolution.*          the evolution baseline: first generation, population capacity, tournament
+                       size, mutation rate, depth of random trees
+  final.steps          inner steps of the final policy (the same for every method)
+  compare.*            methods, seeds, and whether every iteration's best expression is also
+                       trained in final mode and tested (costs one final training per iteration)
+  mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
+                       device
+  primitives.modules   extra modules to import so their primitives register (dotted names)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_collections
+
+from derl_jax.meta.strategies import ALL_METHODS
+
+SCRATCH_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                 "head_dim": 16}
+TOY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1}
+
+GRPO = {
+    "kl_kind": "k3",
+    "clip_low": 0.2,
+    "clip_high": 0.2,
+    "normalize_std": True,
+    "loss_agg": "token_mean",
+    "epochs": 1,
+    "minibatches": 1,
+    "max_grad_norm": 1.0,
+    "weight_decay": 0.0,
+    "warmup_steps": 0,
+}
+
+INNER = {
+    "steps": 24,
+    "prompts_per_step": 8,
+    "group_size": 4,
+    "lr": 3e-4,
+    "kl": 0.0,
+    "kl_metric": True,
+    **GRPO,
+    "chunk_size": 0,
+    "temperature": 1.0,
+    "top_k": 0,
+    "eval_batch_size": 64,
+    "common_random_numbers": True,
+    "dispatch": "auto",
+    "budget_factor": 0.0,
+    "budget_reference": "base_lengths",
+    "budget_tokens": 0,
+    "time_limit_s": 0.0,
+    "host_workers": 4,
+    "return_params": True,
+}
+
+META = {
+    "backbone": "scratch",
+    "hf_path": "",
+    "task_description": "",
+    "primitive_descriptions": (),
+    **SCRATCH_MODEL,
+    "temperature": 1.0,
+    "max_symbols": 32,
+    "max_depth": 4,
+    "cold_start_corpus": 256,
+    "cold_start_steps": 150,
+    "cold_start_lr": 3e-3,
+    "lr": 3e-3,
+    "kl": 0.01,
+    "epochs": 3,
+}
+
+OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0}
+EVOLUTION = {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
+FINAL = {"steps": 24}
+COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False}
+MESH = {"cand": 1, "data": 1, "model": 1}
+
+
+def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A run config: `name`, the experiment's `domain` and `policy` blocks, the shared blocks."""
+    blocks = {
+        "domain": domain, "policy": policy, "inner": INNER, "meta": META, "outer": OUTER, "evolution": EVOLUTION,
+        "final": FINAL, "compare": COMPARE, "mesh": MESH, "primitives": {"modules": ()},
+    }
+    cfg = ml_collections.ConfigDict({"name": name, "seed": 0})
+    for block, fields in blocks.items():
+        cfg[block] = ml_collections.ConfigDict(dict(fields))
+    return cfg
+
+
+def toy_search(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The search blocks at toy sizes (the `smoke` / `tiny` presets): a 1-layer scratch Meta-Optimizer,
+    2 outer iterations x 2 candidates, 2 inner and final steps, methods derl and outcome, seed 0."""
+    cfg.meta.update(backbone="scratch", hf_path="", **TOY_MODEL, max_symbols=16, max_depth=3, cold_start_corpus=32,
+                    cold_start_steps=10)
+    cfg.inner.steps = 2
+    cfg.outer.update(iterations=2, num_candidates=2)
+    cfg.evolution.update(capacity=4)
+    cfg.final.steps = 2
+    cfg.compare.update(methods=("derl", "outcome"), seeds=(0,))
+    return cfg
+
+
+def preset(get: Mapping[str, Any], arg: str | None, where: str) -> ml_collections.ConfigDict:
+    """The config of preset `arg` (None or empty: "default") from `get`, a preset name -> builder map."""
+    name = (arg or "").strip() or "default"
+    if name not in get:
+        raise ValueError(f"{where}: unknown preset {name!r}; expected one of {tuple(get)}")
+    return get[name]()
