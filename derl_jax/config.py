@@ -17,7 +17,12 @@ import numpy as np
 MODEL_SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+    """Bad user input (a config value, a data file, a reward expression, a run directory); the
+    message names it. The launcher prints such errors as one line and exits with status 2."""
+
+
+class ConfigError(InputError):
     """A configuration value is missing or out of range; the message names the field."""
 
 
