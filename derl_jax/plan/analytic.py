@@ -1,0 +1,303 @@
+"""Closed-form memory and FLOP counts of one inner-loop step, from shapes alone.
+
+Everything here is arithmetic on a `ModelConfig` and a `RunShape`; nothing touches a device.
+
+Symbols: L layers, D hidden size, F MLP width, H query heads, Kv key/value heads, Dh head
+size, V vocabulary; K candidates, B prompts per step, G samples per prompt, N = B*G rollouts,
+Tp prompt tokens, T new tokens, M minibatches, E epochs.
+
+FLOPs count matmuls only, 2 per multiply-add, exactly as the model code issues them:
+
+    forward(n tokens, S keys, n_logits rows) =
+        n * (2*L*P + 4*L*H*Dh*S + 2*Dh^2) + n_logits * 2*D*V
+    P = D*(H + 2*Kv)*Dh + H*Dh*D + 3*D*F        (q/k/v, o, gate/up/down kernels of one layer)
+
+Attention scores and values cost 4*H*Dh per query and key, and every query reads the whole
+static cache (S = cache length, masked, not causally skipped); 2*Dh^2 is the rotary-table
+matmul. Sampling = prefill over the B distinct prompts (S = Tp + T, no logits) + logits of
+the N rows + (T - 1) decode steps of N rows. A teacher-forced pass over r rows
+(`sequence_logprobs`) = prefill of r/g prompts + (T - 1) cached tokens per row (S = Tp + T - 1)
++ T logits per row. One optimizer step on r = N/M rows costs 3x that pass (backward = 2x
+forward: every matmul has an input and a weight gradient) minus 2x the rotary term (no
+gradient flows into positions); with remat the backward recomputes every layer's forward except
+its down projection (whose output no gradient needs). XLA's cost analysis
+also counts elementwise ops (1 per element), which this count leaves out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from derl_jax.models.transformer import ModelConfig
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+    """The shapes of one inner-loop step of K candidates on a (cand, data, model) mesh.
+
+    chunk_size: candidates trained at once (0 = all K), as `inner.chunk_size`.
+    reference: whether the step runs a reference-policy forward (KL weight > 0).
+    """
+
+    model: ModelConfig
+    num_candidates: int = 1
+    prompts_per_step: int = 1
+    group_size: int = 1
+    prompt_tokens: int = 16
+    new_tokens: int = 16
+    minibatches: int = 1
+    epochs: int = 1
+    optimizer: str = "adamw"
+    reference: bool = False
+    chunk_size: int = 0
+    mesh: tuple[int, int, int] = (1, 1, 1)
+
+    def __post_init__(self):
+        for name in ("num_candidates", "prompts_per_step", "group_size", "prompt_tokens", "new_tokens",
+                     "minibatches", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"RunShape.{name} must be a positive integer, got {value!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"RunShape.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.chunk_size < 0 or (self.chunk_size and self.num_candidates % self.chunk_size):
+            raise ValueError(
+                f"RunShape.chunk_size must be 0 or divide num_candidates={self.num_candidates}, got {self.chunk_size}")
+        if len(self.mesh) != 3 or any(int(s) < 1 for s in self.mesh):
+            raise ValueError(f"RunShape.mesh must be three positive sizes (cand, data, model), got {self.mesh!r}")
+        if self.rollouts % self.minibatches:
+            raise ValueError(
+                f"RunShape.minibatches={self.minibatches} must divide the {self.rollouts} rollouts per step")
+
+    @property
+    def rollouts(self) -> int:
+        """N = B * G rollouts per step and candidate."""
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def in_flight(self) -> int:
+        """Candidates trained at the same time (the chunk, or all K)."""
+        return self.chunk_size or self.num_candidates
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.mesh)
+
+    def replace(self, **changes) -> "RunShape":
+        return dataclasses.replace(self, **changes)
+
+
+def itemsize(dtype_name: str) -> int:
+    """Bytes per element of a dtype name ("float32", "bfloat16", ...)."""
+    return int(jnp.dtype(dtype_name).itemsize)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def param_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """{parameter path: (shape, index of the dimension the 'model' axis splits, or None)},
+    the layout documented in `derl_jax.models.transformer`."""
+    d, f, h, kv, dh = (config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
+                       config.head_dim)
+    shapes = {"embed.embedding": ((config.vocab_size, d), 0)}
+    for i in range(config.num_layers):
+        layer = {
+            "input_norm.scale": ((d,), None), "post_attn_norm.scale": ((d,), None),
+            "attn.q_proj.kernel": ((d, h * dh), 1), "attn.q_proj.bias": ((h * dh,), 0),
+            "attn.k_proj.kernel": ((d, kv * dh), 1), "attn.k_proj.bias": ((kv * dh,), 0),
+            "attn.v_proj.kernel": ((d, kv * dh), 1), "attn.v_proj.bias": ((kv * dh,), 0),
+            "attn.o_proj.kernel": ((h * dh, d), 0),
+            "mlp.gate_proj.kernel": ((d, f), 1), "mlp.up_proj.kernel": ((d, f), 1),
+            "mlp.down_proj.kernel": ((f, d), 0),
+        }
+        shapes.update({f"layers.{i}.{name}": value for name, value in layer.items()})
+    shapes["final_norm.scale"] = ((d,), None)
+    if not config.tie_embeddings:
+        shapes["lm_head.kernel"] = ((d, config.vocab_size), 1)
+    return shapes
+
+
+def param_count(config: ModelConfig) -> int:
+    """Exact number of parameter elements."""
+    return sum(math.prod(shape) for shape, _ in param_shapes(config).values())
+
+
+def param_bytes(config: ModelConfig, model_axis: int = 1) -> int:
+    """Bytes of one copy of the parameters on one device of a `model_axis`-way split
+    (a dimension the axis does not divide stays whole, as `param_partition_specs` does)."""
+    total = 0
+    for shape, split in param_shapes(config).values():
+        ways = model_axis if split is not None and shape[split] % model_axis == 0 else 1
+        total += math.prod(shape) // ways
+    return total * itemsize(config.param_dtype)
+
+
+def optimizer_bytes(config: ModelConfig, optimizer: str = "adamw", model_axis: int = 1) -> int:
+    """Bytes of one policy's optimizer state (`derl_jax.rl.grpo.make_optimizer`) per device:
+    adam/adamw keep two moments shaped and typed like the parameters and two int32 step
+    counters (Adam's and the learning-rate schedule's); sgd keeps the schedule counter only."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if optimizer == "sgd":
+        return 4
+    return 2 * param_bytes(config, model_axis) + 2 * 4
+
+
+def kv_cache_bytes(config: ModelConfig, batch: int, length: int) -> int:
+    """L x 2 (k, v) x batch x Kv x length x Dh in the compute dtype."""
+    return (config.num_layers * 2 * batch * config.num_kv_heads * length * config.head_dim
+            * itemsize(config.dtype))
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def layer_matmul_params(config: ModelConfig) -> int:
+    """P: multiply-adds per token of one layer's projections."""
+    d, f, h, kv, dh = (config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
+                       config.head_dim)
+    return d * (h + 2 * kv) * dh + h * dh * d + 3 * d * f
+
+
+def layers_flops(config: ModelConfig, tokens: int, keys: int) -> int:
+    """Matmul FLOPs of the decoder layers over `tokens` queries reading `keys` cache positions."""
+    per_token = 2 * config.num_layers * layer_matmul_params(config)
+    per_token += 4 * config.num_layers * config.num_heads * config.head_dim * keys
+    return tokens * per_token
+
+
+def rotary_flops(config: ModelConfig, tokens: int) -> int:
+    return tokens * 2 * config.head_dim ** 2
+
+
+def logits_flops(config: ModelConfig, rows: int) -> int:
+    return rows * 2 * config.hidden_size * config.vocab_size
+
+
+def forward_flops(config: ModelConfig, tokens: int, keys: int, logit_rows: int) -> int:
+    return layers_flops(config, tokens, keys) + rotary_flops(config, tokens) + logits_flops(config, logit_rows)
+
+
+def sampling_flops(shape: RunShape) -> int:
+    """One `sample` call of one candidate (N rows, T new tokens)."""
+    config, n, tp, t = shape.model, shape.rollouts, shape.prompt_tokens, shape.new_tokens
+    cache = tp + t
+    prefill = forward_flops(config, shape.prompts_per_step * tp, cache, 0) + logits_flops(config, n)
+    decode = (t - 1) * forward_flops(config, n, cache, n)
+    return prefill + decode
+
+
+def teacher_forced_flops(config: ModelConfig, rows: int, group: int, prompt_tokens: int, new_tokens: int) -> int:
+    """One `sequence_logprobs` forward over `rows` rows whose prompts repeat in groups of `group`."""
+    keys = prompt_tokens + new_tokens - 1
+    prefill = forward_flops(config, rows // group * prompt_tokens, keys, 0)
+    return prefill + forward_flops(config, rows * (new_tokens - 1), keys, rows * new_tokens)
+
+
+def update_step_flops(shape: RunShape) -> int:
+    """One optimizer step (forward + backward) on N/M rows of one candidate."""
+    config = shape.model
+    rows = shape.rollouts // shape.minibatches
+    group = shape.group_size if shape.minibatches == 1 else 1
+    tp, t = shape.prompt_tokens, shape.new_tokens
+    forward = teacher_forced_flops(config, rows, group, tp, t)
+    tokens = rows // group * tp + rows * (t - 1)
+    total = 3 * forward - 2 * rotary_flops(config, tokens)
+    if config.remat:  # the backward recomputes each layer but its last projection (down_proj), whose output it never reads
+        keys = tp + t - 1
+        total += layers_flops(config, rows // group * tp, keys) + layers_flops(config, rows * (t - 1), keys)
+        total -= 2 * config.num_layers * config.hidden_size * config.intermediate_size * tokens
+    return total
+
+
+def step_flops(shape: RunShape) -> dict[str, int]:
+    """FLOPs of one inner-loop step over all K candidates: sampling, reference forward,
+    E*M optimizer steps, and their total."""
+    k = shape.num_candidates
+    sampling = k * sampling_flops(shape)
+    reference = k * teacher_forced_flops(shape.model, shape.rollouts, shape.group_size, shape.prompt_tokens,
+                                         shape.new_tokens) if shape.reference else 0
+    update = k * shape.epochs * shape.minibatches * update_step_flops(shape)
+    return {"sampling": sampling, "reference": reference, "update": update,
+            "total": sampling + reference + update}
+
+
+# ----------------------------------------------------------------------------- per device
+
+
+def padded_candidates(shape: RunShape) -> int:
+    """K rounded up to a multiple of the 'cand' axis (the evaluator pads with copies)."""
+    cand = shape.mesh[0]
+    return -(-shape.num_candidates // cand) * cand
+
+
+def activation_bytes_estimate(shape: RunShape) -> int:
+    """A rough per-candidate, per-device estimate of the update's live activations: the
+    saved layer inputs (all of a layer's activations without remat), plus f32 logits,
+    log-softmax and their gradient over the V vocabulary. The compiler's figure
+    (`derl_jax.plan.compiled`) replaces it where available."""
+    config = shape.model
+    cand, data, model = shape.mesh
+    rows = max(shape.rollouts // shape.minibatches // data, 1)
+    length = shape.prompt_tokens + shape.new_tokens
+    act = itemsize(config.dtype)
+    per_layer = rows * length * config.hidden_size * act
+    if not config.remat:
+        width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim + 3 * config.intermediate_size
+        per_layer += rows * length * (width // model) * act
+        per_layer += rows * config.num_heads // min(model, config.num_heads) * length * length * 4
+    logits = 3 * rows * shape.new_tokens * config.vocab_size * 4 // model
+    return config.num_layers * per_layer + logits
+
+
+def per_device(shape: RunShape) -> dict[str, int]:
+    """Bytes per device of one inner-loop step, by kind.
+
+    params: the shared starting policy plus the K/cand trained copies (outputs);
+    optimizer: the state of the candidates in flight on the device; kv_cache: the sampling
+    cache of those candidates (rows split over 'data', key/value heads over 'model' when it
+    divides them); activations: `activation_bytes_estimate` for those candidates.
+    """
+    config = shape.model
+    cand, data, model = shape.mesh
+    local_candidates = padded_candidates(shape) // cand
+    in_flight = max(min(shape.in_flight, padded_candidates(shape)) // cand, 1)
+    one_policy = param_bytes(config, model)
+    heads_split = model if config.num_kv_heads % model == 0 else 1
+    kv = kv_cache_bytes(config, -(-shape.rollouts // data), shape.prompt_tokens + shape.new_tokens) // heads_split
+    return {
+        "params": one_policy * (1 + local_candidates),
+        "optimizer": optimizer_bytes(config, shape.optimizer, model) * in_flight,
+        "kv_cache": kv * in_flight,
+        "activations": activation_bytes_estimate(shape) * in_flight,
+    }
+
+
+def per_device_flops(shape: RunShape) -> int:
+    """Total step FLOPs over the devices, assuming the mesh divides the work evenly (K padded)."""
+    total = step_flops(shape)["total"] * padded_candidates(shape) // shape.num_candidates
+    return total // shape.num_devices
+
+
+def hbm_bytes_estimate(shape: RunShape) -> int:
+    """Bytes one device moves from HBM in one step (for the roofline): every decode step
+    reads the local weights and KV cache; every optimizer step reads the weights 3 times
+    (forward, recompute or backward, update), reads and writes the optimizer state, and
+    writes and reads the activations once."""
+    sizes = per_device(shape)
+    cand, data, model = shape.mesh
+    in_flight = max(min(shape.in_flight, padded_candidates(shape)) // cand, 1)
+    rounds = padded_candidates(shape) // cand // in_flight
+    weights = param_bytes(shape.model, model) * in_flight
+    sampling = shape.new_tokens * (weights + sizes["kv_cache"])
+    steps = shape.epochs * shape.minibatches
+    update = steps * (3 * weights + 2 * sizes["optimizer"] + 2 * sizes["activations"])
+    reference = weights + sizes["activations"] if shape.reference else 0
+    return rounds * (sampling + update + reference)
