@@ -10,8 +10,9 @@ Layout of a run directory written by `RunLogger(workdir)`:
 
 JSONL files are append-only and line-complete: a record counts once its newline is on
 disk. A run killed mid-write can leave a torn last line; `read_jsonl` ignores it and the
-next append cuts it off first. On resume, `truncate_history` drops the records written
-after the checkpoint that is being resumed from.
+next append cuts it off first. On resume the search rewrites both files (`rewrite_jsonl`)
+to exactly what its checkpoint covers, from its own journal (`derl_jax.meta.resume`), so a
+damaged line anywhere loses nothing.
 """
 
 from __future__ import annotations
@@ -176,6 +177,44 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
         records.append(record)
     return records
+
+
+def read_jsonl_lenient(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
+    """(records of every readable line, numbers of the lines that are not a JSON object).
+
+    For repairing a damaged file: unlike `read_jsonl` it never raises for a bad line.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return [], []
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    records, damaged = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            damaged.append(number)
+    return records, damaged
+
+
+def jsonl_text(records: Sequence[Mapping[str, Any]]) -> str:
+    """`records` as JSONL text, one compact line each (what `append_jsonl` writes)."""
+    return "".join(
+        json.dumps(to_jsonable(r, f"record {i}"), allow_nan=False, separators=(",", ":")) + "\n"
+        for i, r in enumerate(records)
+    )
+
+
+def rewrite_jsonl(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> None:
+    """Replace the JSONL file at `path` with `records`, atomically."""
+    atomic_write_text(path, jsonl_text(records))
 
 
 def truncate_history(path: str | os.PathLike, keep_until_iteration: int, *, key: str = "iteration") -> int:

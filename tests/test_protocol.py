@@ -190,6 +190,8 @@ def test_validate_config_names_the_bad_field():
     for (section, field), value, message in cases:
         cfg = get_config("smoke").to_dict()  # a plain dict: ConfigDict would refuse some types itself
         cfg[section][field] = value
+        if section == "evolution":  # checked only when a run uses evolution
+            cfg["outer"]["strategy"] = "evolution"
         with pytest.raises(ConfigError) as info:
             validate_config(cfg)
         assert str(info.value).startswith(message), str(info.value)

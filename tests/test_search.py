@@ -40,7 +40,7 @@ from derl_jax.meta.search import (
     search,
     strip_wall_clock,
 )
-from derl_jax.meta.strategies import make_strategy
+from derl_jax.meta.strategies import CandidateRecord, make_strategy
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
@@ -177,7 +177,7 @@ class FakeEvaluator:
     def noise(key) -> float:
         return 0.05 * float(jax.random.uniform(key))
 
-    def evaluate_candidates(self, programs, init_params, key, train_set, val_set):
+    def evaluate_candidates(self, programs, init_params, key, train_set, val_set, *, steps=None):
         if self.marker_dir is not None:
             marker = os.path.join(self.marker_dir, f"eval_{os.getpid()}_{len(self.calls)}")
             open(marker, "w").close()
@@ -191,7 +191,7 @@ class FakeEvaluator:
         curves = {"reward_mean": quality[:, None] * progress[None, :]}
         for j, name in enumerate(self.primitive_names):
             curves[f"primitive/{name}"] = np.repeat(self.rows[:, j].mean() * progress[None, :], len(quality), axis=0)
-        self.calls.append({"k": len(quality), "skill": skill, "train": train_set.size, "val": val_set.size})
+        self.calls.append({"k": len(quality), "skill": skill, "train": train_set.size, "val": val_set.size, "steps": steps})
         params = {"skill": jnp.asarray(skill + quality, jnp.float32)}
         return CandidateResults(scores=jnp.asarray(scores), curves=curves, params=params)
 
@@ -244,6 +244,14 @@ def run_fake_search(workdir, strategy_name="derl", iterations=3, num_candidates=
     return result, evaluator
 
 
+def records_of(texts, scores, iteration: int = 0) -> list[CandidateRecord]:
+    """Records of valid, trained candidates with these scores (for calling `update` directly)."""
+    return [
+        CandidateRecord(iteration=iteration, index=j, text=t, canonical=t, valid=True, reason=None, score=float(s))
+        for j, (t, s) in enumerate(zip(texts, np.asarray(scores, np.float32)))
+    ]
+
+
 def reference_quality(text: str, rows: np.ndarray) -> float:
     """max(0, corr(reward, outcome)) with the reward computed by SymPy (not the VM)."""
     symbols = sympy.symbols("g1:5", real=True)
@@ -263,8 +271,8 @@ def test_history_scores_and_metrics(tmp_path):
     assert len(history) == 12 and history == result.history
     assert [(r["iteration"], r["index"]) for r in history] == [(i, j) for i in range(3) for j in range(4)]
     rows = fixed_rows()
-    # one evaluator call per iteration with a valid candidate, training exactly the valid ones
-    trained_per_iteration = [sum(r["valid"] for r in history if r["iteration"] == i) for i in range(3)]
+    # one evaluator call per iteration with a valid candidate, training each valid canonical form once
+    trained_per_iteration = [len({r["canonical"] for r in history if r["iteration"] == i and r["valid"]}) for i in range(3)]
     assert [c["k"] for c in evaluator.calls] == [k for k in trained_per_iteration if k]
     for i in range(3):
         records = [r for r in history if r["iteration"] == i]
@@ -274,7 +282,7 @@ def test_history_scores_and_metrics(tmp_path):
                 assert not r["valid"] and not r["trained"] and r["score"] == 0.0 and r["reason"]
                 assert r["structure"] == "invalid" and r["curves"] == {}
             else:
-                assert r["valid"] and r["trained"] and r["reason"] == ""
+                assert r["valid"] and r["trained"] == (r["duplicate_of"] is None) and r["reason"] == ""
                 assert set(r["final"]) == {"reward_mean", "primitive/g1", "primitive/g2", "primitive/g3", "primitive/g4"}
                 assert len(r["curves"]["reward_mean"]) == FakeEvaluator.steps
         # scores reach the candidate that earned them: differences follow the SymPy quality
@@ -299,7 +307,9 @@ def test_history_scores_and_metrics(tmp_path):
     best = max(history, key=lambda r: (r["score"], -r["iteration"], -r["index"]))
     assert result.best_text == best["text"] and result.best_score == pytest.approx(best["score"])
     assert result.best_iteration == best["iteration"]
-    assert result.budget == {"candidates_charged": 12, "candidates_trained": sum(r["trained"] for r in history)}
+    shared = sum(r["duplicate_of"] is not None for r in history)
+    assert result.budget == {"candidates_charged": 12, "candidates_trained": 12 - shared - sum(not r["valid"] for r in history),
+                             "candidates_shared": shared}
 
 
 def test_finished_search_is_returned_without_recomputing(tmp_path):
@@ -331,7 +341,7 @@ def test_all_invalid_iteration_trains_nothing(tmp_path):
     assert evaluator.calls == []
     assert result.best_text is None and result.best_score == 0.0
     assert all(not r["valid"] and r["score"] == 0.0 and "constant" in r["reason"] for r in result.history)
-    assert result.budget == {"candidates_charged": 6, "candidates_trained": 0}
+    assert result.budget == {"candidates_charged": 6, "candidates_trained": 0, "candidates_shared": 0}
 
 
 def test_extending_iterations_continues_the_run(tmp_path):
@@ -369,7 +379,8 @@ def test_non_finite_scores_count_as_zero_and_never_win(tmp_path):
             return out.replace(scores=jnp.where(jnp.asarray(sums), jnp.nan, out.scores))
 
     result, _ = run_fake_search(tmp_path, "fixed:g1+g2", iterations=2, num_candidates=2, evaluator=NaNForSums())
-    assert all(r["valid"] and r["trained"] and r["score"] == 0.0 for r in result.history)
+    assert all(r["valid"] and r["trained"] == (r["index"] == 0) and r["score"] == 0.0 for r in result.history)
+    assert [r["duplicate_of"] for r in result.history] == [None, 0, None, 0]
     assert {r["reason"] for r in result.history} == {"non-finite validation score"}
     assert result.best_text is None
 

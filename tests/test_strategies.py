@@ -9,17 +9,20 @@ import pytest
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta.strategies import (
-    EvolutionStrategy,
-    FixedStrategy,
-    MetaOptimizerStrategy,
-    Strategy,
-    fixed,
-    make_strategy,
-    preset_text,
-    strategy_names,
+from derl_jax.meta.strategies import ALL_METHODS, Strategy, make_strategy, strategy_names
+from derl_jax.meta.strategies.derl import MetaOptimizerStrategy
+from derl_jax.meta.strategies.evolution import EvolutionStrategy
+from derl_jax.meta.strategies.fixed import FixedStrategy, average_text, fixed, outcome_format_text, outcome_text
+from test_search import (
+    CORPUS,
+    PRIMITIVES,
+    FakeMetaOptimizer,
+    fake_config,
+    fixed_rows,
+    records_of,
+    reference_quality,
+    run_fake_search,
 )
-from test_search import CORPUS, PRIMITIVES, FakeMetaOptimizer, fake_config, fixed_rows, reference_quality, run_fake_search
 
 
 def build(name, cfg=None, **kwargs):
@@ -34,7 +37,9 @@ def test_registry_builds_every_strategy_with_its_flags():
         "derl_pop": (MetaOptimizerStrategy, True, True),
         "random": (MetaOptimizerStrategy, False, False),
     }
-    for name in strategy_names():
+    assert set(ALL_METHODS) | {"fixed:<arg>"} <= set(strategy_names())
+    assert strategy_names()[: len(ALL_METHODS)] == ALL_METHODS
+    for name in ALL_METHODS + ("fixed:g1*g2",):
         strategy = build(name)
         assert isinstance(strategy, Strategy) and strategy.name == name
         if name in kinds:
@@ -66,9 +71,10 @@ def test_fixed_presets_compute_what_they_claim():
         texts, aux = strategy.propose(strategy.init(jax.random.key(0)), jax.random.key(1), 3)
         assert texts == [strategy.text] * 3 and aux is None
         np.testing.assert_allclose(evaluate_numpy(parse(texts[0], PRIMITIVES), rows, 0.0), reference, rtol=1e-6)
-    assert preset_text("outcome", 4, outcome_index=2) == "g3"
-    assert preset_text("outcome_format", 4, outcome_index=2) == "g3+g1"
-    assert preset_text("average", 1) == "g1"
+    assert outcome_text(4, outcome_index=2) == "g3"
+    assert outcome_format_text(4, outcome_index=2) == "g3+g1"
+    assert average_text(1) == "g1"
+    assert build("outcome", outcome_index=2).text == "g3"
 
 
 def test_random_is_derl_without_updates():
@@ -84,8 +90,10 @@ def test_random_is_derl_without_updates():
         random_texts, random_aux = random.propose(random_state, propose_key, 8)
         if step == 0:
             assert derl_texts == random_texts  # the same cold start proposes the same group
-        derl_state = derl.update(derl_state, derl_texts, np.array([quality[t] for t in derl_texts]), derl_aux)
-        random_state = random.update(random_state, random_texts, np.array([quality[t] for t in random_texts]), random_aux)
+        derl_scores = np.array([quality[t] for t in derl_texts], np.float32)
+        random_scores = np.array([quality[t] for t in random_texts], np.float32)
+        derl_state = derl.update(derl_state, records_of(derl_texts, derl_scores), derl_scores, derl_aux)
+        random_state = random.update(random_state, records_of(random_texts, random_scores), random_scores, random_aux)
     for leaf_after, leaf_before in zip(jax.tree_util.tree_leaves(random_state.meta), jax.tree_util.tree_leaves(random.init(key).meta)):
         np.testing.assert_array_equal(np.asarray(leaf_after), np.asarray(leaf_before))
     assert int(derl_state.meta.step) == 6 and random.metrics(random_state) == {}
@@ -107,13 +115,15 @@ def test_scores_reach_the_optimizer_unchanged():
     state = strategy.init(jax.random.key(0))
     texts, aux = strategy.propose(state, jax.random.key(1), 4)
     scores = np.array([0.25, 0.0, 0.5, 1.0], np.float32)
-    strategy.update(state, texts, scores, aux)
+    strategy.update(state, records_of(texts, scores), scores, aux)
     assert strategy.optimizer.seen[0] == tuple(texts)
     np.testing.assert_array_equal(strategy.optimizer.seen[1], scores)
     with pytest.raises(ValueError, match=r"derl.update: expected scores of shape \(4,\)"):
-        strategy.update(state, texts, scores[:3], aux)
+        strategy.update(state, records_of(texts, scores), scores[:3], aux)
     with pytest.raises(ValueError, match="must be finite"):
-        strategy.update(state, texts, np.array([0.1, np.nan, 0.2, 0.3]), aux)
+        strategy.update(state, records_of(texts, scores), np.array([0.1, np.nan, 0.2, 0.3]), aux)
+    with pytest.raises(ValueError, match=r"record 1 has score 0.0 but scores\[1\] = 0.5"):
+        strategy.update(state, records_of(texts, scores), np.array([0.25, 0.5, 0.5, 1.0]), aux)
 
 
 @pytest.mark.parametrize("name", ["derl", "evolution"])
@@ -122,7 +132,8 @@ def test_checkpoint_hooks_round_trip(name):
     state = strategy.init(jax.random.key(5))
     for step in range(2):
         texts, aux = strategy.propose(state, jax.random.key(10 + step), 4)
-        state = strategy.update(state, texts, np.linspace(0.1, 0.9, 4), aux)
+        scores = np.linspace(0.1, 0.9, 4).astype(np.float32)
+        state = strategy.update(state, records_of(texts, scores), scores, aux)
     arrays, data = strategy.checkpoint(state)
     host_arrays = jax.tree_util.tree_map(np.asarray, arrays)  # what a restore from disk gives back
     restored = strategy.restore(strategy.init(jax.random.key(5)), host_arrays, data)
@@ -138,8 +149,8 @@ def test_evolution_generations():
     assert set(first) <= set(CORPUS)  # the cold-start sample
     with pytest.raises(ValueError, match="cold-start generation holds 4"):
         strategy.propose(state, jax.random.key(1), 3)
-    scores = np.array([reference_quality(t, fixed_rows()) if t not in ("g1/(g2-g2)", "3") else 0.0 for t in first])
-    state = strategy.update(state, first, scores, None)
+    scores = np.array([reference_quality(t, fixed_rows()) if t not in ("g1/(g2-g2)", "3") else 0.0 for t in first], np.float32)
+    state = strategy.update(state, records_of(first, scores), scores, None)
     kept = {text for text, score in zip(first, scores) if score > 0}
     assert len(state.population.members) == len({parse(t, PRIMITIVES) for t in kept})
     children, _ = strategy.propose(state, jax.random.key(2), 6)

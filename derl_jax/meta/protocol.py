@@ -56,16 +56,10 @@ from derl_jax.expr.program import compile_expr, stack_programs
 from derl_jax.logging import RunLogger
 from derl_jax.meta import report
 from derl_jax.evaluator import CandidateEvaluator
-from derl_jax.meta.search import STRUCTURE_CLASSES, SearchResult, search
-from derl_jax.meta.strategies import (
-    EVOLUTION_INITS,
-    FIXED_PREFIX,
-    FIXED_PRESETS,
-    OptimizerFactory,
-    is_known_strategy,
-    make_strategy,
-    strategy_names,
-)
+from derl_jax.meta.candidates import STRUCTURE_CLASSES
+from derl_jax.meta.search import SearchResult, search
+from derl_jax.meta.strategies import OptimizerFactory, get_strategy, make_strategy
+from derl_jax.meta.strategies import validate_config as validate_strategies
 
 TRAIN_FRACTION = 0.8
 DEFAULT_METHODS = ("derl", "derl_pop", "random", "evolution", "outcome", "outcome_format", "average")
@@ -86,54 +80,7 @@ def validate_config(cfg: Any) -> None:
     _int_at_least(cfg, "domain.num_test", 1)
     _int_tuple(cfg, "domain.levels", minimum=1)
     _int_at_least(cfg, "domain.max_new_tokens", 2)
-
-    backbone = _choice(cfg, "meta.backbone", ("scratch", "hf"))
-    if backbone == "hf" and not str(config_value(cfg, "meta.hf_path")).strip():
-        raise ConfigError("config.meta.hf_path must name a local checkpoint directory when config.meta.backbone='hf'")
-    if backbone == "scratch":
-        _model_sizes(cfg, "meta")
-    _number(cfg, "meta.temperature", minimum=0.0, strict=True)
-    _int_at_least(cfg, "meta.max_symbols", 2)
-    depth = _int_at_least(cfg, "meta.max_depth", 1)
-    if depth > MAX_NESTING:
-        raise ConfigError(f"config.meta.max_depth must be <= {MAX_NESTING}, got {depth}")
-    _int_at_least(cfg, "meta.cold_start_corpus", 1)
-    _int_at_least(cfg, "meta.cold_start_steps", 0)
-    _number(cfg, "meta.cold_start_lr", minimum=0.0, strict=True)
-    _number(cfg, "meta.lr", minimum=0.0, strict=True)
-    _number(cfg, "meta.kl", minimum=0.0, strict=False)
-    _int_at_least(cfg, "meta.epochs", 1)
-
-    strategy = config_value(cfg, "outer.strategy")
-    if not is_known_strategy(strategy):
-        raise ConfigError(f"config.outer.strategy must be one of {strategy_names()} or 'fixed:<expr>', got {strategy!r}")
-    _int_at_least(cfg, "outer.iterations", 1)
-    _int_at_least(cfg, "outer.num_candidates", 2)
-    _int_at_least(cfg, "outer.split_seed", 0)
-
-    _choice(cfg, "evolution.init", EVOLUTION_INITS)
-    _int_at_least(cfg, "evolution.capacity", 1)
-    _int_at_least(cfg, "evolution.tournament", 1)
-    rate = _number(cfg, "evolution.mutation_rate", minimum=0.0, strict=False)
-    if rate > 1.0:
-        raise ConfigError(f"config.evolution.mutation_rate must be in [0, 1], got {rate!r}")
-    initial_depth = _int_at_least(cfg, "evolution.initial_depth", 1)
-    if initial_depth > MAX_NESTING:
-        raise ConfigError(f"config.evolution.initial_depth must be <= {MAX_NESTING}, got {initial_depth}")
-
-    _int_at_least(cfg, "final.steps", 1)
-
-    methods = config_value(cfg, "compare.methods")
-    if isinstance(methods, str) or not isinstance(methods, Sequence) or not methods:
-        raise ConfigError(f"config.compare.methods must be a non-empty tuple of method names, got {methods!r}")
-    for method in methods:
-        if not is_known_strategy(method):
-            raise ConfigError(f"config.compare.methods: unknown method {method!r}; expected names from {strategy_names()}")
-    if len(set(methods)) != len(methods):
-        raise ConfigError(f"config.compare.methods must not repeat a method, got {tuple(methods)!r}")
-    _int_tuple(cfg, "compare.seeds", minimum=0)
-    if not isinstance(config_value(cfg, "compare.per_iteration_test"), bool):
-        raise ConfigError(f"config.compare.per_iteration_test must be True or False, got {config_value(cfg, 'compare.per_iteration_test')!r}")
+    validate_strategies(cfg)
 
 
 # --------------------------------------------------------------------------- splits and keys
@@ -383,7 +330,7 @@ def run_method(
 
 
 def _is_fixed(method: str) -> bool:
-    return method in FIXED_PRESETS or method.startswith(FIXED_PREFIX)
+    return not get_strategy(method).searches
 
 
 def _iteration_tests(best_texts, domain, evaluator, key, base_params) -> list[float | None]:
