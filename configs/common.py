@@ -18,12 +18,15 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        corpus size / steps / learning rate, GRPO learning rate, KL weight, epochs
   outer.*              outer loop: strategy (search mode), iterations, candidates per iteration
                        (the Meta-Optimizer's GRPO group size n), seed of the 8:2 inner-train /
-                       validation split
+                       validation split, inner steps per generation of population strategies
+                       (0: final.steps // iterations, so DERL-pop's evolved policy trains as
+                       long as the final policy)
   evolution.*          the evolution baseline: first generation, population capacity, tournament
                        size, mutation rate, depth of random trees
   final.steps          inner steps of the final policy (the same for every method)
-  compare.*            methods, seeds, and whether every iteration's best expression is also
-                       trained in final mode and tested (costs one final training per iteration)
+  compare.*            methods, seeds, whether every iteration's best expression is also
+                       trained in final mode and tested (costs one final training per iteration),
+                       and whether each candidate's trained policy is also tested (candidate_test)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device
   primitives.modules   extra modules to import so their primitives register (dotted names)
@@ -93,10 +96,10 @@ META = {
     "epochs": 3,
 }
 
-OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0}
+OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_inner_steps": 0}
 EVOLUTION = {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
 FINAL = {"steps": 24}
-COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False}
+COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True}
 MESH = {"cand": 1, "data": 1, "model": 1}
 
 

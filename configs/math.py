@@ -149,7 +149,7 @@ def paper_defaults(source: str) -> ml_collections.ConfigDict:
         primitive_descriptions=MATH_PRIMITIVE_DESCRIPTIONS, cold_start_lr=1e-5, lr=1e-6, kl=0.001, epochs=1,
     )
     cfg.outer.iterations = 8
-    cfg.compare.seeds = (0,)
+    cfg.compare.update(seeds=(0,), candidate_test=False)
     cfg.mesh.model = -1
     return set_epoch_steps(cfg, TRAIN_PROBLEMS[source])
 

@@ -29,8 +29,10 @@ def test_every_preset_passes_the_shared_checks_and_has_every_shared_key(module, 
 
 def test_the_shared_blocks_come_from_common_and_only_differences_are_written():
     smoke, tiny = arith.get_config("smoke"), math_config.get_config("tiny")
-    for block in ("outer", "evolution", "final", "compare"):
+    for block in ("outer", "evolution", "final"):
         assert smoke[block].to_dict() == tiny[block].to_dict(), block
+    assert smoke.compare.to_dict() == {**tiny.compare.to_dict(), "candidate_test": True}
+    assert not tiny.compare.candidate_test  # host-scored math: no test pass per candidate
     default = arith.get_config()
     assert default.inner.to_dict() == common.INNER and default.meta.to_dict() == common.META
     assert tuple(default.compare.methods) == ALL_METHODS and common.ALL_METHODS is ALL_METHODS
