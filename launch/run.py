@@ -14,40 +14,55 @@ Modes:
 
 --workdir defaults to runs/<config.name>. Library log lines below WARNING are hidden unless
 --verbosity is given (e.g. --verbosity=0 for INFO). Every config field can be overridden
-(`--config.outer.iterations=3`); the config is validated before anything is built and a bad
-value stops the run with a message naming the field.
+(`--config.outer.iterations=3`).
 
-What is built from the config: the domain (`config.domain.kind`), the base policy
-(`derl_jax.rl.inner.base_policy(domain, cfg, workdir)`), the inner-loop evaluator
-(`derl_jax.rl.inner.make_evaluator(domain, cfg)`) and the strategies
+Everything the user gives is checked before any model is built: the flags, the config
+(`derl_jax.config.validate`: shared blocks and the domain's fields;
+`derl_jax.meta.strategies.validate_config`: the outer loop and each strategy's fields), the
+reward expression, and the run directory (created, write-probed, then locked for the run's
+lifetime: a second run on it stops at once naming the first). A bad input prints one line
+`error: ...` on stderr naming the flag, field or file and exits with status 2 (--debug adds
+the traceback); internal errors keep their tracebacks.
+
+What is built, in order: the domain (`derl_jax.domains.registry.get_domain(config.domain.kind)
+.build(config)`), then the base policy and the inner-loop evaluator
+(`derl_jax.rl.setup.build_inner(domain, config, workdir)`), then the strategies
 (`derl_jax.meta.strategies.make_strategy`, whose Meta-Optimizer is
 `derl_jax.meta.optimizer.MetaOptimizer(cfg, grammar)`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import importlib
 import os
+import re
 import sys
-from typing import Any
+import traceback
+from typing import Any, NoReturn, Sequence
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from derl_jax.meta import protocol
-from derl_jax.meta.search import read_search_result
-from derl_jax.parallel import maybe_initialize_distributed
+from derl_jax import config as config_checks
+from derl_jax import workdir as run_dir
+from derl_jax.config import ConfigError, InputError
+from derl_jax.domains.registry import get_domain
+from primitives import registry as primitive_registry
+
+# The outer loop (protocol, search, strategies) and JAX are imported where they are first used,
+# so that a mistyped flag is reported without waiting for them.
 
 MODES = ("search", "final", "compare")
-DOMAIN_BUILDERS = {"arith": "derl_jax.domains.arith:make_arith_domain"}
+EXIT_USER_ERROR = 2
+SCRIPT = "launch/run.py"
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file, e.g. configs/arith.py:smoke.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config.name>).")
 _MODE = flags.DEFINE_enum("mode", "search", list(MODES), "What to run.")
 _EXPRESSION = flags.DEFINE_string("expression", None, "final mode: the reward expression (default: the search result in --workdir).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars (only on a terminal).")
-flags.mark_flags_as_required(["config"])
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of a user error too.")
 
 # Replaceable by embedding code (and tests): the Meta-Optimizer factory handed to strategies;
 # None means `derl_jax.meta.optimizer.MetaOptimizer`.
@@ -55,109 +70,217 @@ OPTIMIZER_FACTORY = None
 
 
 @dataclasses.dataclass(frozen=True)
-class Components:
-    """What a run needs besides the config: the domain, the base policy, the inner-loop evaluator."""
+class Plan:
+    """What the checks established before anything is built."""
 
-    domain: Any
-    base_params: Any
-    evaluator: Any
-
-
-def build_domain(cfg: Any):
-    """The domain named by `config.domain.kind`."""
-    kind = cfg.domain.kind
-    if kind not in DOMAIN_BUILDERS:
-        raise protocol.ConfigError(f"config.domain.kind must be one of {tuple(DOMAIN_BUILDERS)}, got {kind!r}")
-    module_name, function_name = DOMAIN_BUILDERS[kind].split(":")
-    return getattr(importlib.import_module(module_name), function_name)(cfg.domain)
+    mode: str
+    workdir: str
+    expression: str | None
+    primitive_names: tuple[str, ...]
 
 
-def build_components(cfg: Any, workdir: str) -> Components:
-    """Domain, base policy and evaluator from the config (the inner loop lives in derl_jax.rl.inner)."""
-    if cfg.domain.kind == "math":
-        from derl_jax.domains.math import build_domain_and_evaluator
-
-        return Components(*build_domain_and_evaluator(cfg, workdir))
-    from derl_jax.rl import inner
-
-    domain = build_domain(cfg)
-    return Components(domain=domain, base_params=inner.base_policy(domain, cfg, workdir), evaluator=inner.make_evaluator(domain, cfg))
+# --------------------------------------------------------------------------- checks
 
 
 def validate(cfg: Any) -> None:
-    """Check the config before anything is built; raises `protocol.ConfigError` naming the field."""
-    protocol.validate_config(cfg)
-    if cfg.domain.kind == "math":
-        from derl_jax.domains.math import validate_math_config
+    """Every config check (ConfigError naming the first bad field); nothing is built."""
+    from derl_jax.meta.strategies import validate_config as validate_outer_loop
 
-        validate_math_config(cfg)
+    config_checks.validate(cfg)
+    validate_outer_loop(cfg)
+    modules = config_checks.config_value(cfg, "primitives.modules") if config_checks.has_field(cfg, "primitives.modules") else ()
+    try:
+        primitive_registry.import_modules(tuple(modules))
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"config.primitives.modules: no module named {err.name!r}") from None
 
 
 def default_workdir(cfg: Any) -> str:
-    return os.path.join("runs", str(cfg.name))
+    """runs/<config.name>."""
+    return os.path.join("runs", str(config_checks.config_value(cfg, "name")))
+
+
+def check_expression(expression: str, primitive_names: Sequence[str], outcome_index: int = 0, flag: str = "--expression") -> None:
+    """InputError naming `flag` when `expression` does not parse or is not a valid reward."""
+    from derl_jax.meta import protocol
+
+    try:
+        protocol.compile_checked(expression, primitive_names, outcome_index)
+    except ValueError as err:
+        raise InputError(f"{flag}={expression!r}: {_reason(err)}") from None
+
+
+def _reason(err: ValueError) -> str:
+    text = str(err)
+    marker = "is not a valid reward: "
+    return text.split(marker, 1)[1] if marker in text else text
+
+
+def final_expression(workdir: str, expression: str | None) -> tuple[str, str]:
+    """(expression, where it came from) for final mode: --expression, or the finished search's best."""
+    from derl_jax.meta.search import SEARCH_RESULT_FILE, read_search_result
+
+    if expression is not None:
+        return expression, "--expression"
+    if not os.path.exists(os.path.join(workdir, SEARCH_RESULT_FILE)):
+        raise InputError(
+            f"--mode=final needs --expression or a finished search in --workdir={workdir} (no {SEARCH_RESULT_FILE} there)"
+        )
+    found = read_search_result(workdir)["incumbent"]["text"]
+    if found is None:
+        raise InputError(f"the search in --workdir={workdir} found no valid expression; pass --expression")
+    return found, f"the search result in {workdir}"
+
+
+def plan(cfg: Any, workdir: str, mode: str, expression: str | None = None) -> Plan:
+    """Check everything the user gave, in the order a user would fix it; InputError names the input."""
+    if mode not in MODES:
+        raise InputError(f"--mode must be one of {MODES}, got {mode!r}")
+    if expression is not None and mode != "final":
+        raise InputError(f"--expression applies to --mode=final only; --mode={mode} finds its own expressions")
+    validate(cfg)
+    names = tuple(get_domain(cfg.domain.kind).primitive_names(cfg))
+    run_dir.check_writable(workdir)
+    if mode == "final":
+        expression, source = final_expression(workdir, expression)
+        check_expression(expression, names, flag="--expression" if source == "--expression" else source)
+    return Plan(mode, workdir, expression, names)
+
+
+# --------------------------------------------------------------------------- building and running
+
+
+def build_domain(cfg: Any):
+    """The domain named by `config.domain.kind` (data, primitives, tokenizer; no model)."""
+    try:
+        return get_domain(cfg.domain.kind).build(cfg)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
+        raise InputError(str(err)) from err  # a data file the config names
+
+
+def build_inner(domain: Any, cfg: Any, workdir: str):
+    """(base_params, evaluator): the base policy and the one inner-loop evaluator."""
+    from derl_jax.rl.setup import build_inner as build
+
+    return build(domain, cfg, workdir)
 
 
 def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, progress: bool = True) -> Any:
-    """Validate `cfg`, build the components and run `mode` in `workdir`; returns the mode's result."""
-    if mode not in MODES:
-        raise ValueError(f"run: mode must be one of {MODES}, got {mode!r}")
-    validate(cfg)
-    if mode == "final" and expression is None:
-        expression = read_search_result(workdir)["incumbent"]["text"]
-        if expression is None:
-            raise ValueError(f"the search in {workdir} found no valid expression; pass --expression")
-    if expression is not None:
-        protocol.compile_checked(expression, _primitive_names_for(cfg))
-    os.makedirs(workdir, exist_ok=True)
-    parts = build_components(cfg, workdir)
-    if mode == "search":
+    """Check the inputs, lock `workdir`, build the domain and the inner loop, run `mode`; returns its result."""
+    import jax
+
+    checked = plan(cfg, workdir, mode, expression)
+    lock = run_dir.exclusive(workdir) if jax.process_index() == 0 else contextlib.nullcontext()  # one lock per run
+    with lock:
+        domain = build_domain(cfg)
+        if checked.expression is not None:
+            check_expression(checked.expression, domain.primitive_names, domain.outcome_index)
+        base_params, evaluator = build_inner(domain, cfg, workdir)
+        return _run_mode(cfg, checked, domain, base_params, evaluator, progress)
+
+
+def _run_mode(cfg: Any, checked: Plan, domain: Any, base_params: Any, evaluator: Any, progress: bool) -> Any:
+    from derl_jax.meta import protocol
+
+    workdir = checked.workdir
+    if checked.mode == "search":
         result = protocol.search_method(
-            cfg.outer.strategy, cfg, parts.domain, parts.evaluator, workdir, int(cfg.seed),
-            base_params=parts.base_params, optimizer_factory=OPTIMIZER_FACTORY, progress=progress,
+            cfg.outer.strategy, cfg, domain, evaluator, workdir, int(cfg.seed),
+            base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY, progress=progress,
         )
         print(f"search finished: best {result.best_text!r} (validation {result.best_score:.4f}); results in {workdir}")
         return result
-    if mode == "final":
-        final = protocol.run_final(expression, parts.domain, parts.evaluator, workdir, int(cfg.seed), base_params=parts.base_params)
+    if checked.mode == "final":
+        final = protocol.run_final(checked.expression, domain, evaluator, workdir, int(cfg.seed), base_params=base_params)
         print(f"final policy for {final.expression!r}: test accuracy {final.test:.4f}; written to {workdir}/{protocol.FINAL_RESULT_FILE}")
         return final
     payload = protocol.compare(
-        cfg, parts.domain, parts.evaluator, workdir, base_params=parts.base_params,
-        optimizer_factory=OPTIMIZER_FACTORY, progress=progress,
+        cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY, progress=progress,
     )
     with open(os.path.join(workdir, protocol.RESULTS_MD), encoding="utf-8") as handle:
         print(handle.read())
     return payload
 
 
-def _primitive_names_for(cfg: Any) -> tuple[str, ...]:
-    """Primitive names of the configured domain without building its data (for early expression checks)."""
-    if cfg.domain.kind == "arith":
-        from derl_jax.domains.arith import ARITH_PRIMITIVES
+# --------------------------------------------------------------------------- the command line
 
-        return tuple(ARITH_PRIMITIVES)
-    if cfg.domain.kind == "math":
-        from derl_jax.domains.math import resolve_primitives
 
-        return tuple(p.name for p in resolve_primitives(cfg))
-    return tuple(build_domain(cfg).primitive_names)
+def user_error(message: str, *, debug: bool = False) -> NoReturn:
+    """Print `error: message` (after the traceback when `debug`) and exit with status 2."""
+    if debug and sys.exc_info()[0] is not None:
+        traceback.print_exc()
+    first_line = message.strip().splitlines()[0] if message.strip() else "invalid input"
+    print(f"{SCRIPT}: error: {first_line}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing with each failure turned into one line naming the flag."""
+    debug = any(arg in ("--debug", "-debug") for arg in argv)
+    config_arg = _config_argument(argv)
+    if config_arg is None:
+        user_error("--config is required, e.g. --config=configs/arith.py:smoke")
+    config_path = config_arg.split(":", 1)[0]
+    if not os.path.isfile(config_path):
+        user_error(f"--config={config_arg}: no such config file {config_path!r}")
+    try:
+        remaining = flags.FLAGS(argv)
+        _CONFIG.value  # noqa: B018  (loads the config file when loading is lazy)
+    except flags.Error as err:
+        user_error(_flag_error(str(err), config_arg), debug=debug)
+    except (AttributeError, KeyError) as err:
+        user_error(_override_error(argv, err), debug=debug)
+    except Exception as err:  # the config file itself raised
+        user_error(f"--config={config_arg}: {type(err).__name__}: {err}", debug=debug)
+    return remaining
+
+
+def _config_argument(argv: Sequence[str]) -> str | None:
+    for index, arg in enumerate(argv[1:], start=1):
+        if arg.startswith(("--config=", "-config=")):
+            return arg.split("=", 1)[1]
+        if arg in ("--config", "-config") and index + 1 < len(argv):
+            return argv[index + 1]
+    return None
+
+
+def _flag_error(text: str, config_arg: str) -> str:
+    """The useful line of an absl flag error (a config file's error is its traceback's last line)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if "Traceback (most recent call last)" in text:
+        return f"--config={config_arg}: {lines[-1].strip()}"
+    if "must have a value other than None" in text:
+        return "--config is required, e.g. --config=configs/arith.py:smoke"
+    return lines[0].removeprefix("flag ")
+
+
+def _override_error(argv: Sequence[str], err: BaseException) -> str:
+    """`--config.a.b=...` naming a field the config does not have."""
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(err.args[0]) if err.args else "")
+    missing = names[0] if names else ""
+    for arg in argv[1:]:
+        flag = arg.split("=", 1)[0].lstrip("-")
+        if flag.startswith("config.") and missing in flag.split(".")[1:]:
+            parent = flag.rsplit(".", 1)[0]
+            return f"--{flag}: {parent} has no field {missing!r}"
+    return f"a --config.* override names a field the config does not have ({missing!r})"
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        user_error(f"unexpected arguments {argv[1:]}; flags take the form --name=value")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpointing) would drown the summaries
+    from derl_jax.parallel import maybe_initialize_distributed
+
     maybe_initialize_distributed()
     cfg = _CONFIG.value
     try:
-        validate(cfg)
-    except ValueError as err:  # protocol.ConfigError and the math domain's MathConfigError
-        raise app.UsageError(str(err)) from None
-    workdir = _WORKDIR.value or default_workdir(cfg)
-    progress = _PROGRESS.value and sys.stderr.isatty()
-    run(cfg, workdir, _MODE.value, _EXPRESSION.value, progress=progress)
+        workdir = _WORKDIR.value or default_workdir(cfg)
+        run(cfg, workdir, _MODE.value, _EXPRESSION.value, progress=_PROGRESS.value and sys.stderr.isatty())
+    except InputError as err:
+        user_error(str(err), debug=_DEBUG.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

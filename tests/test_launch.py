@@ -1,8 +1,9 @@
 """launch/run.py: flag parsing, config overrides and validation, the three modes.
 
-The CLI is driven in-process with absl's flag parser; the inner loop and the
-Meta-Optimizer are the fakes of test_search (replacing `build_components` and
-`OPTIMIZER_FACTORY`, the module's two seams). One test runs the real script in a subprocess.
+The CLI is driven in-process with absl's flag parser; the domain is the real arith domain
+(from the registry), the inner loop and the Meta-Optimizer are the fakes of test_search
+(replacing `build_inner` and `OPTIMIZER_FACTORY`, the module's two seams). One test runs the
+real script in a subprocess; tests/test_cli_errors.py runs every user error through it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import sys
 import pytest
 from absl import flags
 
-from derl_jax.domains.arith import make_arith_domain
-from derl_jax.meta.protocol import ConfigError
+from derl_jax.config import ConfigError
 from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer, get_config, reference_quality
 from test_protocol import expected_accuracy
 
@@ -40,10 +40,11 @@ def launcher(monkeypatch):
     module = load_launcher()
     evaluator = FakeEvaluator()
 
-    def fake_components(cfg, workdir):
-        return module.Components(domain=make_arith_domain(cfg.domain), base_params=BASE_PARAMS, evaluator=evaluator)
+    def fake_inner(domain, cfg, workdir):
+        assert domain.name == "arith" and os.path.isfile(os.path.join(workdir, "run.lock"))  # built under the lock
+        return BASE_PARAMS, evaluator
 
-    monkeypatch.setattr(module, "build_components", fake_components)
+    monkeypatch.setattr(module, "build_inner", fake_inner)
     monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
     module.fake_evaluator = evaluator
     yield module
@@ -70,8 +71,8 @@ def test_cli_rejects_a_bad_config_value_naming_the_field(tmp_path):
         [sys.executable, SCRIPT, f"--config={SMOKE}", "--config.outer.num_candidates=1", f"--workdir={tmp_path}"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
     )
-    assert completed.returncode != 0
-    assert "config.outer.num_candidates must be >= 2, got 1" in completed.stderr + completed.stdout
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == "launch/run.py: error: config.outer.num_candidates must be >= 2, got 1"
     assert not os.listdir(tmp_path)  # nothing was built or written
 
 
@@ -100,10 +101,25 @@ def test_final_mode_uses_the_search_result_or_the_given_expression(launcher, tmp
     invoke(launcher, "--mode=final", f"--workdir={tmp_path}", "--expression=g1+g2")
     final = json.load(open(tmp_path / "final_result.json"))
     assert final["expression"] == "g1+g2" and final["canonical"] == "g1 + g2"
-    with pytest.raises(ValueError, match="not a valid reward"):
-        invoke(launcher, "--mode=final", f"--workdir={tmp_path}", "--expression=g1+")
-    with pytest.raises(FileNotFoundError, match="no finished search"):
-        invoke(launcher, "--mode=final", f"--workdir={tmp_path / 'empty'}")
+    assert not os.path.exists(tmp_path / "run.lock")  # released when the run ends
+
+
+def test_user_errors_exit_with_status_2_and_one_line(launcher, tmp_path, capsys):
+    cases = [
+        (("--mode=final", f"--workdir={tmp_path}", "--expression=g1+"),
+         "launch/run.py: error: --expression='g1+': parse error at 3: expression ends where an operand is expected"),
+        (("--mode=final", f"--workdir={tmp_path / 'empty'}"),
+         f"launch/run.py: error: --mode=final needs --expression or a finished search in --workdir={tmp_path / 'empty'} "
+         "(no search_result.json there)"),
+        (("--mode=compare", f"--workdir={tmp_path}", "--expression=g1"),
+         "launch/run.py: error: --expression applies to --mode=final only; --mode=compare finds its own expressions"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as info:
+            invoke(launcher, *args)
+        assert info.value.code == 2
+        assert capsys.readouterr().err.strip() == message
+    assert launcher.fake_evaluator.final_calls == []  # nothing was trained
 
 
 def test_compare_mode_writes_the_report(launcher, tmp_path, capsys):
@@ -115,10 +131,15 @@ def test_compare_mode_writes_the_report(launcher, tmp_path, capsys):
     assert "| outcome |" in capsys.readouterr().out
 
 
-def test_defaults_and_domain_kind():
+def test_defaults_and_domain_kind(tmp_path):
     module = load_launcher()
     cfg = get_config("smoke")
     assert module.default_workdir(cfg) == os.path.join("runs", "arith_smoke")
+    domain = module.build_domain(cfg)
+    assert domain.primitive_names == ("correct", "boxed", "steps", "gold_anywhere") and domain.train.size == 40
     cfg.domain.kind = "chess"
-    with pytest.raises(ConfigError, match="config.domain.kind must be one of \\('arith',\\), got 'chess'"):
+    with pytest.raises(ConfigError, match=r"^config.domain.kind must be one of \(.*'arith'.*'math'.*\), got 'chess'$"):
         module.build_domain(cfg)
+    with pytest.raises(ConfigError, match="got 'chess'"):
+        module.plan(cfg, str(tmp_path / "w"), "search")
+    assert not os.path.exists(tmp_path / "w")  # the config is checked before the run directory is made
