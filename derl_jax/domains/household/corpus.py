@@ -1,0 +1,72 @@
+"""The supervised warm-start corpus: turns of expert episodes with random actions mixed in.
+
+`sft_corpus(tasks, seed, perturb_rate)` plays every task once with the perturbed expert
+(expert.py) through the jitted, vmapped environment and returns one (prompt, action) pair per
+turn taken: the prompt as `build_prompt` writes it (task, last W turns, current observation;
+BOS first, no padding) and the action's tokens (tag first, no padding, no EOS). Perturbed turns
+keep their random action and tag, so the corpus mixes correct and incorrect behaviour at about
+`perturb_rate`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from derl_jax.domains.household import vocab
+from derl_jax.domains.household.actions import truncate_at_eos
+from derl_jax.domains.household.env import HouseholdEnv
+from derl_jax.domains.household.expert import perturbed_policy, rollout
+from derl_jax.domains.household.prompt import History, build_prompt, empty_history, push_history
+from derl_jax.domains.household.tasks import Task, to_device
+
+DEFAULT_WINDOW = 2
+
+
+def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, window: int):
+    """(tokens i32[S, P], mask bool[S, P]): the prompt of every turn of one episode.
+
+    description i32[D]; obs i32[S+1, O] (obs[t] seen at turn t); actions i32[S, A].
+    """
+    def turn(history: History, step):
+        current_obs, action = step
+        prompt = build_prompt(description, history, current_obs)
+        return push_history(history, current_obs, action), prompt
+
+    start = empty_history(window, obs.shape[1], actions.shape[1])
+    _, prompts = jax.lax.scan(turn, start, (obs[:-1], actions))
+    return prompts
+
+
+@functools.partial(jax.jit, static_argnames=("env", "window"))
+def play(tasks: Task, key: jax.Array, perturb_rate: jax.Array, env: HouseholdEnv, window: int = DEFAULT_WINDOW):
+    """Play every task once with the expert perturbed at `perturb_rate` (f32[], traced: one compiled
+    function serves every rate), vmapped over the M tasks under jit.
+
+    Returns (prompts i32[M, S, P], prompt_mask bool[M, S, P], actions i32[M, S, A] cut at eos,
+    episodes) where episodes is `expert.rollout`'s dict.
+    """
+    episodes = rollout(env, tasks, key, perturbed_policy(perturb_rate))
+    prompts, prompt_mask = jax.vmap(episode_prompts, in_axes=(0, 0, 0, None))(
+        tasks.description, episodes["obs"], episodes["actions"], window)
+    return prompts, prompt_mask, truncate_at_eos(episodes["actions"]), episodes
+
+
+def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv | None = None,
+               window: int = DEFAULT_WINDOW) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(prompt i32[p], action i32[a]) per turn taken, episodes in task order, turns in order."""
+    if not 0.0 <= perturb_rate <= 1.0:
+        raise ValueError(f"household sft_corpus: perturb_rate must be in [0, 1], got {perturb_rate}")
+    env = env or HouseholdEnv()
+    prompts, prompt_mask, actions, episodes = jax.device_get(
+        play(to_device(tasks), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env, int(window)))
+    corpus = []
+    for episode in range(prompts.shape[0]):
+        for turn in np.flatnonzero(episodes["step_mask"][episode]):
+            action = actions[episode, turn]
+            corpus.append((prompts[episode, turn][prompt_mask[episode, turn]].astype(np.int32),
+                           action[action != vocab.PAD_ID].astype(np.int32)))
+    return corpus

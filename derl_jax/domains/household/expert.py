@@ -1,0 +1,150 @@
+"""A scripted expert, its perturbed version, and jitted vmapped episode rollouts.
+
+`expert_action(state)` reads the full state (like ALFWorld's handcoded expert, it knows where
+everything is) and returns the next action with a correct tag; it decides from the current state
+only, so it recovers after any detour. Its plan for one goal object: go to it, open its
+receptacle if closed, take it; for clean / heat / cool go to the appliance and use it; for
+examine go to the lamp and switch it on; otherwise go to the goal receptacle (the first of
+that type), open it if closed, and put the object in. Holding something else, it puts it down
+where it stands first.
+
+`perturbed_policy(rate)(state, key)`: with probability `rate` a random action instead (a random
+template over random entities of the room with a random tag, often invalid; one in five is a
+random token string), else the expert's.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from derl_jax.domains.household import actions as A
+from derl_jax.domains.household import vocab
+from derl_jax.domains.household.env import (TAG_PRIORITY, HouseholdEnv, HouseholdState, acceptable_tags,
+                                            accessible, held_object)
+from derl_jax.domains.household.tasks import CLEAN, COOL, EXAMINE, HEAT, HELD, PICK_TWO, Task
+
+Policy = Callable[[HouseholdState, jax.Array], jax.Array]
+
+
+def _first(mask: jax.Array) -> jax.Array:
+    """Index of the first True of bool[K], or -1."""
+    return jnp.where(jnp.any(mask), jnp.argmax(mask), -1).astype(jnp.int32)
+
+
+def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(template, object slot, receptacle slot) of the expert's next action, each i32[]."""
+    task = state.task
+    kind, here = task.kind, state.agent_loc
+    here_slot = jnp.maximum(here, 0)
+    is_goal = (task.obj_type == task.goal_object) & (task.obj_type >= 0)
+    target_recep = _first(task.recep_type == task.goal_receptacle)
+    appliance_type = jnp.select([kind == CLEAN, kind == HEAT], [vocab.SINK, vocab.MICROWAVE], vocab.FRIDGE)
+    appliance = _first(task.recep_type == appliance_type)
+    treated = jnp.select([kind == CLEAN, kind == HEAT], [state.obj_clean, state.obj_hot], state.obj_cool)
+    needs_treatment = (kind >= CLEAN) & (kind <= COOL)
+    lamp = _first(jnp.asarray(vocab.LIGHT_SOURCE)[jnp.maximum(task.obj_type, 0)] & (task.obj_type >= 0))
+    lamp_loc = state.obj_loc[jnp.maximum(lamp, 0)]
+    is_open = accessible(state)
+
+    def go_or(dest, template_there, obj, recep_there):
+        """Go to `dest`; once there open it if it is closed and the action needs it, else act."""
+        closed_there = ~is_open[jnp.maximum(dest, 0)]
+        needs_open = (template_there == A.TAKE) | (template_there == A.PUT)
+        template = jnp.select([here != dest, closed_there & needs_open], [A.GO, A.OPEN], template_there)
+        return template, obj, jnp.where(template == A.GO, dest, recep_there)
+
+    holding = held_object(state)
+    held = jnp.maximum(holding, 0)
+    # Holding a goal object.
+    examine_step = go_or(lamp_loc, A.USE, lamp, lamp_loc)
+    treat_template = jnp.select([kind == CLEAN, kind == HEAT], [A.CLEAN, A.HEAT], A.COOL)
+    treat_step = go_or(appliance, treat_template, held, appliance)
+    place_step = go_or(target_recep, A.PUT, held, target_recep)
+    goal_step = jax.tree_util.tree_map(
+        lambda *xs: jnp.select([kind == EXAMINE, needs_treatment & ~treated[held]], list(xs[:2]), xs[2]),
+        examine_step, treat_step, place_step)
+    # Holding something else: put it down here (open the receptacle first), or go somewhere first.
+    drop_spot = jnp.where(here >= 0, here, 0)
+    drop_step = go_or(drop_spot, A.PUT, held, drop_spot)
+    # Hands free: fetch the first goal object not already where pick_two wants it.
+    wanted = is_goal & ~((kind == PICK_TWO) & (state.obj_loc == target_recep))
+    fetch = jnp.maximum(_first(wanted), 0)
+    fetch_step = go_or(state.obj_loc[fetch], A.TAKE, fetch, state.obj_loc[fetch])
+    del here_slot
+    return jax.tree_util.tree_map(
+        lambda g, d, f: jnp.where(holding >= 0, jnp.where(is_goal[held], g, d), f).astype(jnp.int32),
+        goal_step, drop_step, fetch_step)
+
+
+def tagged(state: HouseholdState, template, obj, recep) -> jax.Array:
+    """i32[A]: the action with the first correct tag (plan, reflect, explore, act), assuming it succeeds."""
+    untagged = A.make_action(jnp.int32(0), template, obj, recep, state.task)
+    tags = acceptable_tags(state, A.parse_action(untagged, state.task), jnp.bool_(True))
+    priority = jnp.asarray(TAG_PRIORITY)
+    tag = priority[jnp.argmax(tags[priority])]
+    return A.make_action(tag, template, obj, recep, state.task)
+
+
+def expert_action(state: HouseholdState, key: jax.Array | None = None) -> jax.Array:
+    """i32[A]: the expert's next action (`key` unused; it is a `Policy`)."""
+    del key
+    return tagged(state, *expert_choice(state))
+
+
+def random_action(state: HouseholdState, key: jax.Array) -> jax.Array:
+    """i32[A]: a random template over random room entities with a random tag, or a random word string."""
+    task = state.task
+    k_template, k_obj, k_rec, k_tag, k_soup, k_kind, k_len = jax.random.split(key, 7)
+    template = jax.random.randint(k_template, (), 0, len(A.TEMPLATE_TEXT))
+    obj = jax.random.categorical(k_obj, jnp.where(task.obj_type >= 0, 0.0, -jnp.inf))
+    recep = jax.random.categorical(k_rec, jnp.where(task.recep_type >= 0, 0.0, -jnp.inf))
+    tag = jax.random.randint(k_tag, (), 0, len(vocab.TAGS))
+    formed = A.make_action(tag, template, obj, recep, task)
+    soup = jax.random.randint(k_soup, (A.ACTION_LENGTH,), len(vocab.SPECIALS), vocab.VOCAB_SIZE)
+    soup = jnp.where(jnp.arange(A.ACTION_LENGTH) < jax.random.randint(k_len, (), 1, A.ACTION_LENGTH + 1),
+                     soup, vocab.PAD_ID)
+    return jnp.where(jax.random.uniform(k_kind) < 0.2, soup, formed).astype(jnp.int32)
+
+
+def perturbed_policy(rate: float) -> Policy:
+    """The expert, replaced by `random_action` with probability `rate` at every turn."""
+    def policy(state: HouseholdState, key: jax.Array) -> jax.Array:
+        k_coin, k_random = jax.random.split(key)
+        return jnp.where(jax.random.uniform(k_coin) < rate, random_action(state, k_random), expert_action(state))
+    return policy
+
+
+def rollout(env: HouseholdEnv, tasks: Task, key: jax.Array, policy: Policy = expert_action) -> dict:
+    """Play one episode per task (M tasks) for env.max_turns turns under `policy`, vmapped.
+
+    Returns NumPy-able arrays: obs i32[M, S+1, O] (obs[:, t] is what the policy saw at turn t),
+    actions i32[M, S, A], step_scores f32[M, S], step_mask bool[M, S] (turns taken before done),
+    valid f32[M, S], success f32[M], reward f32[M, S]. Jit it with `env` and `policy` static.
+    """
+    def episode(task, episode_key):
+        obs0, state0 = env.reset(episode_key, task)
+
+        def turn(carry, turn_key):
+            obs, state = carry
+            action = policy(state, turn_key)
+            next_obs, next_state, reward, done, info = env.step(state, action)
+            out = {"obs": obs, "action": action, "step_score": info["step_score"], "taken": ~state.done,
+                   "valid": info["valid"], "reward": reward}
+            return (next_obs, next_state), out
+
+        (last_obs, last_state), steps = jax.lax.scan(turn, (obs0, state0), jax.random.split(episode_key, env.max_turns))
+        return {
+            "obs": jnp.concatenate([steps["obs"], last_obs[None]]),
+            "actions": steps["action"],
+            "step_scores": steps["step_score"],
+            "step_mask": steps["taken"],
+            "valid": steps["valid"],
+            "reward": steps["reward"],
+            "success": last_state.success.astype(jnp.float32),
+        }
+
+    keys = jax.random.split(key, tasks.kind.shape[0])
+    return jax.vmap(episode)(tasks, keys)
