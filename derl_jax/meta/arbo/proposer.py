@@ -423,7 +423,8 @@ def propose_structural(history: hist.History, mode: str, key, n: int, primitive_
         never = [f"g{i + 1}" for i in range(len(names)) if prim_weights[i] < 1]
         if never:
             diagnoses_text.append(f"{', '.join(never)} never moved in any observed candidate: sampled less often")
-        counts = {t: sum(e.operator == f"explore_{t}" for e in history.lineage) for t in TEMPLATES}
+        shown = {o.id for o in observations}
+        counts = {t: sum(e.operator == f"explore_{t}" and e.id in shown for e in history.lineage) for t in TEMPLATES}
         template_scores = np.array([bonus(f"explore_{t}") - 0.1 * counts[t] for t in TEMPLATES])
         draws = 0
         while len(proposals) < n and draws < MAX_DRAWS_PER_PROPOSAL * n:
