@@ -219,3 +219,14 @@ def test_ablation_names_and_config_errors():
         arbo_block({}, "no_history")
     with pytest.raises(ConfigError, match="config.arbo.agent.url"):
         arbo_block({"arbo": {"proposer": "agent", "agent": {"url": "localhost:8000"}}})
+
+
+def test_few_primitives_still_give_n_valid_proposals_and_update_checks_texts():
+    strategy = make_strategy("arbo", {}, None, ("correct", "format"))
+    state = strategy.init(jax.random.key(0))
+    texts, plan = strategy.propose(state, jax.random.key(1), 8)
+    assert len(texts) == 8 and all(check_text(t, ("correct", "format"))[1].ok for t in texts)
+    records = fake_records(0, texts[::-1], names=("correct", "format"))
+    records = [CandidateRecord(0, j, r.text, r.canonical, r.valid, r.reason, r.score, r.curves) for j, r in enumerate(records)]
+    with pytest.raises(ValueError, match="not the texts this round proposed"):
+        strategy.update(state, records, np.array([r.score for r in records], np.float32), plan)

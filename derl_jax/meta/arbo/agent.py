@@ -23,6 +23,8 @@ Backends (`chat(messages, tools, seed) -> Reply`):
   LocalBackend   a local Hugging Face chat checkpoint run in-process by the project's JAX
                  sampler (`derl_jax.models.sampling.sample_jit`); tools are described in the
                  system message and called with `<tool_call>` blocks (the Qwen2.5 format).
+                 A conversation longer than the model's context loses its oldest exchanges
+                 (the system and round messages stay).
 """
 
 from __future__ import annotations
@@ -210,7 +212,12 @@ class LocalBackend:
 
         room = self.config.max_position - self.max_new_tokens
         buckets = [b for b in PROMPT_BUCKETS if b <= room] or [room]
-        ids, mask = self.tokenizer.encode_prompts([self.prompt_text(messages, tools)], buckets, truncate=True)
+        messages = list(messages)
+        text = self.prompt_text(messages, tools)
+        while len(self.tokenizer.encode(text)) > buckets[-1] and len(messages) > 3:
+            del messages[2]  # the oldest exchange after the system and round messages
+            text = self.prompt_text(messages, tools)
+        ids, mask = self.tokenizer.encode_prompts([text], buckets, truncate=True)
         out = sample_jit(self.graphdef, self.params, jax.numpy.asarray(ids), jax.numpy.asarray(mask),
                          jax.random.key(int(seed)), max_new_tokens=self.max_new_tokens, eos_id=self.tokenizer.eos_id,
                          pad_id=self.tokenizer.pad_id, temperature=self.temperature)

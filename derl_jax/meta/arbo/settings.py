@@ -8,6 +8,7 @@
     config.arbo.belief            the searcher reads and writes its belief (bool)
     config.arbo.observations      "full" | "scores" (curves and failure reasons hidden)
     config.arbo.task              a few words about the task, for the agent's prompt
+                                  ("" = config.meta.task_description when there is one)
     config.arbo.agent.backend     "openai" | "local"
     config.arbo.agent.url         OpenAI-compatible endpoint base, e.g. http://127.0.0.1:8000/v1
     config.arbo.agent.model       model name sent to the endpoint
@@ -104,7 +105,9 @@ def read_settings(cfg: Any, ablation: str | None = None) -> Settings:
     block = arbo_block(cfg, ablation)
     schedule = Schedule(block.schedule, block.initial_explore, block.patience, block.reexplore)
     view = View(level=block.observations, scope="all", belief=block.belief)
-    return Settings(schedule, view, block.proposer, block.agent, str(block.task))
+    task = str(block.task) or (str(config_value(cfg, "meta.task_description"))
+                               if has_field(cfg, "meta.task_description") else "")
+    return Settings(schedule, view, block.proposer, block.agent, task)
 
 
 def make_backend(agent: Any):

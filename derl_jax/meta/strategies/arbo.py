@@ -130,6 +130,9 @@ class ArboStrategy(Strategy):
 
     def update(self, state: ArboState, records: Sequence[CandidateRecord], scores: np.ndarray, aux: RoundPlan):
         check_update(records, scores, f"{self.name}.update")
+        texts = [p.text for p in aux.proposals]
+        if [r.text for r in records] != texts:
+            raise ValueError(f"{self.name}.update: the records are not the texts this round proposed ({texts})")
         history = hist.append_round(state.history, records, aux.proposals, aux.mode, aux.belief)
         if self.workdir is not None:
             hist.save(history, self.workdir)
