@@ -5,13 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from derl_jax.meta.report import (
-    curve_band,
-    plot_outer_curves,
-    plot_structure_shares,
+from derl_jax.meta.plots import curve_band, plot_outer_curves, plot_structure_shares
+from derl_jax.meta.results import structure_shares
+from derl_jax.meta.stats import (
     regularized_incomplete_beta,
     results_table,
-    structure_shares,
     student_t_cdf,
     student_t_quantile,
     summarize,

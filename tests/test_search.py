@@ -309,7 +309,7 @@ def test_history_scores_and_metrics(tmp_path):
     assert result.best_iteration == best["iteration"]
     shared = sum(r["duplicate_of"] is not None for r in history)
     assert result.budget == {"candidates_charged": 12, "candidates_trained": 12 - shared - sum(not r["valid"] for r in history),
-                             "candidates_shared": shared}
+                             "candidates_shared": shared, "start_policy_updates": 0}
 
 
 def test_finished_search_is_returned_without_recomputing(tmp_path):
@@ -341,7 +341,7 @@ def test_all_invalid_iteration_trains_nothing(tmp_path):
     assert evaluator.calls == []
     assert result.best_text is None and result.best_score == 0.0
     assert all(not r["valid"] and r["score"] == 0.0 and "constant" in r["reason"] for r in result.history)
-    assert result.budget == {"candidates_charged": 6, "candidates_trained": 0, "candidates_shared": 0}
+    assert result.budget == {"candidates_charged": 6, "candidates_trained": 0, "candidates_shared": 0, "start_policy_updates": 0}
 
 
 def test_extending_iterations_continues_the_run(tmp_path):

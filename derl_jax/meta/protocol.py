@@ -8,7 +8,24 @@
   policy from the base policy on the FULL training set for `config.final.steps` steps (the
   same for every method) and that policy's test accuracy is reported. The validation split
   is never part of the reported number.
-* `compare(...)`: methods x seeds -> `results.md`, `results.json` and plots.
+* `compare(...)`: methods x seeds -> `results.md`, `results.json` and plots
+  (`derl_jax.meta.report`).
+
+DERL-pop. Its candidates train `outer.population_inner_steps` inner steps each
+(`derl_jax.meta.budget`: by default `final.steps // outer.iterations`, so the policy it evolves
+trains as many steps in total as every method's final policy). Its product is that evolved
+policy — the best policy of its last iteration, trained through the curriculum of rewards —
+so its headline test accuracy is the evolved policy's (`MethodResult.headline == "evolved"`);
+the policy retrained from scratch with its best expression is reported beside it
+(`retrained_test`). Both inner-step totals are in `MethodResult.budget`.
+
+Figure 3 (validation and test per outer iteration): the validation curve is the mean
+validation score of each iteration's n candidates (invalid ones count as 0, the score the
+Meta-Optimizer receives). With `config.compare.candidate_test=True` the search keeps each
+iteration's candidate policies on disk and, once the search has finished, this module tests
+them: the test curve is the mean test accuracy of the same n candidates (invalid ones 0), the
+paper's curve. With `config.compare.per_iteration_test=True` each iteration's best expression
+is also retrained in final mode and tested (a second panel).
 
 This module is the only place that touches the test split: `search` is handed the
 inner-training and validation splits only.
@@ -17,22 +34,15 @@ Random keys: for seed s, the search, the final training and the fixed baselines'
 validation run each get their own stream of `jax.random.key(s)`; the final-training key is
 the same for every method, so methods are compared under common random numbers.
 
-Figure 3 (validation and test per outer iteration): the validation curve is the mean
-validation score of each iteration's n candidates (invalid ones count as 0, the score the
-Meta-Optimizer receives). The test curve needs one extra final-mode training per iteration,
-method and seed; it is computed only with `config.compare.per_iteration_test=True` (the
-test accuracy of each iteration's best expression trained in final mode). Otherwise
-`results.json` has no test curve and the plot shows validation only; `results.md` says which.
-
 Resuming: every (method, seed) writes `method_result.json` atomically when done and is
-skipped when it exists; an unfinished search resumes from its own checkpoints.
+skipped when it exists; an unfinished search resumes from its own checkpoints, and candidate
+test results are saved per iteration (`candidate_tests.json`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
@@ -40,34 +50,32 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from derl_jax.checkpoint import atomic_write_json, atomic_write_text
-from derl_jax.config import ConfigError, config_value, validate_shared
-from derl_jax.config import choice as _choice
+from derl_jax.checkpoint import atomic_write_json
+from derl_jax.config import ConfigError, config_value, has_field, validate_shared
 from derl_jax.config import int_at_least as _int_at_least
 from derl_jax.config import int_tuple as _int_tuple
-from derl_jax.config import model_sizes as _model_sizes
-from derl_jax.config import number as _number
 from derl_jax.domains.base import TokenDataset, TokenDomain
+from derl_jax.evaluator import CandidateEvaluator
 from derl_jax.expr.canonical import canonical, to_latex
 from derl_jax.expr.check import check_text
 from derl_jax.expr.grammar import Grammar, make_grammar
-from derl_jax.expr.parse import MAX_NESTING
 from derl_jax.expr.program import compile_expr, stack_programs
 from derl_jax.logging import RunLogger
-from derl_jax.meta import report
-from derl_jax.evaluator import CandidateEvaluator
-from derl_jax.meta.candidates import STRUCTURE_CLASSES
+from derl_jax.meta import candidate_policies
+from derl_jax.meta.budget import inner_step_totals, population_inner_steps
+from derl_jax.meta.candidates import select
+from derl_jax.meta.report import RESULTS_JSON, RESULTS_MD, write_report
+from derl_jax.meta.results import HEADLINE_EVOLVED, HEADLINE_RETRAINED, MethodResult, per_iteration_summary
 from derl_jax.meta.search import SearchResult, search
 from derl_jax.meta.strategies import OptimizerFactory, get_strategy, make_strategy
 from derl_jax.meta.strategies import validate_config as validate_strategies
 
+__all__ = ["ConfigError", "MethodResult", "RESULTS_JSON", "RESULTS_MD", "compare", "run_method", "run_final", "search_method"]
+
 TRAIN_FRACTION = 0.8
-DEFAULT_METHODS = ("derl", "derl_pop", "random", "evolution", "outcome", "outcome_format", "average")
 METHOD_RESULT_FILE = "method_result.json"
 FINAL_RESULT_FILE = "final_result.json"
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
-CURVES_PLOT = "outer_curves.png"
+CANDIDATE_TESTS_FILE = "candidate_tests.json"
 _SEARCH_STREAM, _FINAL_STREAM, _FIXED_VALIDATION_STREAM = 0, 1, 2
 
 
@@ -81,6 +89,10 @@ def validate_config(cfg: Any) -> None:
     _int_tuple(cfg, "domain.levels", minimum=1)
     _int_at_least(cfg, "domain.max_new_tokens", 2)
     validate_strategies(cfg)
+
+
+def _flag(cfg: Any, path: str) -> bool:
+    return bool(config_value(cfg, path)) if has_field(cfg, path) else False
 
 
 # --------------------------------------------------------------------------- splits and keys
@@ -150,59 +162,27 @@ def fixed_validation_score(
     return float(np.asarray(results.scores).reshape(-1)[0])
 
 
+
+def run_final(
+    expression: str,
+    domain: TokenDomain,
+    evaluator: CandidateEvaluator,
+    workdir: str | os.PathLike,
+    seed: int,
+    *,
+    base_params: Any,
+) -> FinalResult:
+    """Final mode alone (the `--mode=final` entry point): train, test, write `final_result.json`."""
+    final = train_final(expression, domain, evaluator, run_keys(seed)["final"], base_params)
+    atomic_write_json(
+        os.path.join(os.fspath(workdir), FINAL_RESULT_FILE),
+        {"expression": final.expression, "canonical": final.canonical, "seed": int(seed), "test": final.test,
+         "curves": final.curves},
+    )
+    return final
+
+
 # --------------------------------------------------------------------------- one method
-
-
-@dataclasses.dataclass(frozen=True)
-class MethodResult:
-    """One (method, seed): the chosen expression, its validation score, the final test accuracy.
-
-    per_iteration (search methods): lists over outer iterations of "validation_mean",
-    "validation_best", "validity_rate", "structure_shares" ([stable, unstable, invalid]),
-    "best_text", and "test_of_best" (or None without `compare.per_iteration_test`).
-    evolved_policy_test (population strategies): test accuracy of the policy the search itself
-    evolved (the paper's DERL-pop number), next to the protocol's fresh final policy.
-    """
-
-    method: str
-    seed: int
-    expression: str | None
-    canonical: str | None
-    latex: str | None
-    validation: float
-    test: float
-    budget: Mapping[str, int]
-    per_iteration: Mapping[str, Any] | None
-    final_curves: Mapping[str, list]
-    evolved_policy_test: float | None = None
-    note: str = ""
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "MethodResult":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - fields
-        if unknown:
-            raise ValueError(f"MethodResult.from_json: unknown fields {sorted(unknown)}")
-        return cls(**dict(data))
-
-
-def per_iteration_summary(history: Sequence[Mapping[str, Any]]) -> dict[str, list]:
-    """Per outer iteration: mean/best validation score, validity, structure shares, best text."""
-    iterations = sorted({int(r["iteration"]) for r in history})
-    summary: dict[str, list] = {k: [] for k in ("validation_mean", "validation_best", "validity_rate", "structure_shares", "best_text")}
-    for i in iterations:
-        records = [r for r in history if r["iteration"] == i]
-        scores = np.array([r["score"] for r in records], np.float64)
-        summary["validation_mean"].append(float(scores.mean()))
-        summary["validation_best"].append(float(scores.max()))
-        summary["validity_rate"].append(float(np.mean([r["valid"] for r in records])))
-        summary["structure_shares"].append(report.structure_shares([[r["structure"] for r in records]])[0].tolist())
-        valid = [r for r in records if r["valid"]]
-        summary["best_text"].append(max(valid, key=lambda r: r["score"])["text"] if valid else None)
-    return summary
 
 
 def _latex_of(expression: str | None, primitive_names: Sequence[str]) -> str | None:
@@ -225,36 +205,23 @@ def search_method(
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
 ) -> SearchResult:
-    """The outer-loop search of `method` on (inner-train, validation) of `domain`, in `workdir`."""
+    """The outer-loop search of `method` on (inner-train, validation) of `domain`, in `workdir`.
+
+    Population strategies train `budget.population_inner_steps(cfg)` inner steps per
+    candidate; with `compare.candidate_test` the candidate policies are kept for testing.
+    """
     names = domain.primitive_names
     inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
     strategy = make_strategy(
         method, cfg, meta_grammar(cfg, len(names)), names, outcome_index=domain.outcome_index,
-        optimizer_factory=optimizer_factory,
+        optimizer_factory=optimizer_factory, workdir=os.fspath(workdir),
     )
     return search(
         strategy, evaluator, inner_train, validation, names, cfg, workdir, run_keys(seed)["search"],
         init_params=base_params, outcome_index=domain.outcome_index, progress=progress, echo=echo,
+        inner_steps=population_inner_steps(cfg) if strategy.population else None,
+        keep_candidate_policies=_flag(cfg, "compare.candidate_test"),
     )
-
-
-def run_final(
-    expression: str,
-    domain: TokenDomain,
-    evaluator: CandidateEvaluator,
-    workdir: str | os.PathLike,
-    seed: int,
-    *,
-    base_params: Any,
-) -> FinalResult:
-    """Final mode alone (the `--mode=final` entry point): train, test, write `final_result.json`."""
-    final = train_final(expression, domain, evaluator, run_keys(seed)["final"], base_params)
-    atomic_write_json(
-        os.path.join(os.fspath(workdir), FINAL_RESULT_FILE),
-        {"expression": final.expression, "canonical": final.canonical, "seed": int(seed), "test": final.test,
-         "curves": final.curves},
-    )
-    return final
 
 
 def run_method(
@@ -281,19 +248,25 @@ def run_method(
             return MethodResult.from_json(json.load(handle))
     names = domain.primitive_names
     keys = run_keys(seed)
-    strategy = make_strategy(method, cfg, None, names, outcome_index=domain.outcome_index) if _is_fixed(method) else None
+    cls = get_strategy(method)
 
     per_iteration, budget, evolved_test, note = None, {}, None, ""
-    if strategy is None:
+    if cls.searches:
         found = search_method(
             method, cfg, domain, evaluator, workdir, seed, base_params=base_params,
             optimizer_factory=optimizer_factory, progress=progress, echo=echo,
         )
-        expression, validation_score, budget = found.best_text, found.best_score, dict(found.budget)
+        expression, validation_score = found.best_text, found.best_score
+        budget = {**found.budget, **inner_step_totals(cfg, found.budget, population=cls.population)}
         per_iteration = per_iteration_summary(found.history)
-        if found.incumbent_params is not None:
+        if cls.population and found.incumbent_params is not None:
             evolved_test = float(evaluator.accuracy(found.incumbent_params, domain.test))
+        per_iteration["candidate_test_mean"] = (
+            candidate_test_means(workdir, found.history, evaluator, domain.test, base_params)
+            if _flag(cfg, "compare.candidate_test") else None
+        )
     else:
+        strategy = make_strategy(method, cfg, None, names, outcome_index=domain.outcome_index)
         inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
         expression = strategy.text
         validation_score = fixed_validation_score(
@@ -302,14 +275,15 @@ def run_method(
 
     if expression is None:
         note = "no valid expression was found; the base policy's test accuracy is reported"
-        result_canonical, test, curves = None, float(evaluator.accuracy(base_params, domain.test)), {}
+        result_canonical, retrained, curves = None, float(evaluator.accuracy(base_params, domain.test)), {}
     else:
         final = train_final(expression, domain, evaluator, keys["final"], base_params)
-        result_canonical, test, curves = final.canonical, final.test, final.curves
-        if per_iteration is not None and bool(cfg.compare.per_iteration_test):
-            per_iteration["test_of_best"] = _iteration_tests(per_iteration["best_text"], domain, evaluator, keys["final"], base_params)
+        result_canonical, retrained, curves = final.canonical, final.test, final.curves
     if per_iteration is not None:
-        per_iteration.setdefault("test_of_best", None)
+        per_iteration["test_of_best"] = (
+            _iteration_tests(per_iteration["best_text"], domain, evaluator, keys["final"], base_params)
+            if expression is not None and bool(cfg.compare.per_iteration_test) else None
+        )
 
     result = MethodResult(
         method=method,
@@ -318,19 +292,17 @@ def run_method(
         canonical=result_canonical,
         latex=_latex_of(expression, names),
         validation=float(validation_score),
-        test=test,
+        test=evolved_test if evolved_test is not None else retrained,
         budget=budget,
         per_iteration=per_iteration,
         final_curves=curves,
+        retrained_test=retrained,
         evolved_policy_test=evolved_test,
+        headline=HEADLINE_EVOLVED if evolved_test is not None else HEADLINE_RETRAINED,
         note=note,
     )
     atomic_write_json(saved, result.to_json())
     return result
-
-
-def _is_fixed(method: str) -> bool:
-    return not get_strategy(method).searches
 
 
 def _iteration_tests(best_texts, domain, evaluator, key, base_params) -> list[float | None]:
@@ -345,6 +317,37 @@ def _iteration_tests(best_texts, domain, evaluator, key, base_params) -> list[fl
             tested[text] = train_final(text, domain, evaluator, key, base_params).test
         out.append(tested[text])
     return out
+
+
+def candidate_test_means(
+    workdir: str, history: Sequence[Mapping[str, Any]], evaluator: CandidateEvaluator, test_set: TokenDataset,
+    policy_template: Any,
+) -> list[float]:
+    """Per iteration, the mean test accuracy of its n candidate policies (invalid ones 0).
+
+    Reads the policies the finished search kept (`derl_jax.meta.candidate_policies`); each
+    distinct policy is tested once. Finished iterations are saved in `candidate_tests.json`
+    so an interrupted run does not test them again.
+    """
+    path = os.path.join(workdir, CANDIDATE_TESTS_FILE)
+    done: dict[str, list[float]] = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            done = json.load(handle)
+    means = []
+    for iteration in sorted({int(r["iteration"]) for r in history}):
+        if str(iteration) not in done:
+            if not os.path.exists(candidate_policies.policy_path(workdir, iteration)):
+                raise FileNotFoundError(
+                    f"{candidate_policies.policy_path(workdir, iteration)} is missing: the candidate policies of iteration "
+                    f"{iteration} were not kept (set config.compare.candidate_test=True before the search runs)"
+                )
+            policies, rows = candidate_policies.load_iteration(workdir, iteration, policy_template)
+            accuracy = {int(k): float(evaluator.accuracy(select(policies, int(k)), test_set)) for k in set(rows.tolist()) if k >= 0}
+            done[str(iteration)] = [accuracy[int(k)] if k >= 0 else 0.0 for k in rows]
+            atomic_write_json(path, done)
+        means.append(float(np.mean(done[str(iteration)])))
+    return means
 
 
 # --------------------------------------------------------------------------- comparison
@@ -365,8 +368,8 @@ def compare(
 ) -> dict:
     """Every method x seed (`config.compare.methods` / `.seeds` unless given), then the report.
 
-    Writes `<workdir>/<method>/seed_<s>/` run directories, `results.json`, `results.md`,
-    `outer_curves.png` and `structure_<method>.png`; returns the results.json content.
+    Writes `<workdir>/<method>/seed_<s>/` run directories and the report
+    (`derl_jax.meta.report.write_report`); returns the results.json content.
     """
     workdir = os.fspath(workdir)
     methods = tuple(methods if methods is not None else cfg.compare.methods)
@@ -385,7 +388,7 @@ def compare(
             )
             for seed in seeds
         ]
-    return write_report(workdir, results, per_iteration_test=bool(cfg.compare.per_iteration_test))
+    return write_report(workdir, results)
 
 
 def _console(prefix: str) -> Callable[[str], None]:
@@ -398,119 +401,3 @@ def _console(prefix: str) -> Callable[[str], None]:
 def method_dir(workdir: str | os.PathLike, method: str, seed: int) -> str:
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in method)
     return os.path.join(os.fspath(workdir), safe, f"seed_{int(seed)}")
-
-
-def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, per_iteration_test: bool) -> dict:
-    """results.json, results.md and the plots from finished method results."""
-    test_pct = {m: [100.0 * r.test for r in rs] for m, rs in results.items()}
-    val_pct = {m: [100.0 * r.validation for r in rs] for m, rs in results.items()}
-    test_md, test_summary = report.results_table(test_pct, column="test accuracy (%)", clip=(0.0, 100.0))
-    val_md, val_summary = report.results_table(val_pct, column="validation accuracy (%)", clip=(0.0, 100.0))
-
-    curves, plots = {}, {}
-    for method, rs in results.items():
-        if any(r.per_iteration is None for r in rs):
-            continue
-        validation = _ragged([r.per_iteration["validation_mean"] for r in rs])
-        series = {"validation (mean of candidates)": validation}
-        test_curves = [r.per_iteration.get("test_of_best") for r in rs]
-        if per_iteration_test and all(t is not None for t in test_curves):
-            tests = _ragged(test_curves)
-            if np.all(np.isfinite(tests).any(axis=0)):  # every iteration has a tested expression in some seed
-                series["test (best of iteration, final mode)"] = tests
-        curves[method] = {name: values.tolist() for name, values in series.items()}
-        shares = np.nanmean(_ragged_shares([r.per_iteration["structure_shares"] for r in rs]), axis=0)
-        plots[f"structure_{method}"] = report.plot_structure_shares(
-            shares, os.path.join(workdir, f"structure_{method}.png"), title=f"{method}: reward structures"
-        )
-    if curves:
-        panels = {m: {k: np.asarray(v, np.float64) for k, v in c.items()} for m, c in curves.items()}
-        plots["outer_curves"] = report.plot_outer_curves(panels, os.path.join(workdir, CURVES_PLOT), ylabel="accuracy")
-
-    payload = {
-        "methods": list(results),
-        "test": test_summary,
-        "validation": val_summary,
-        "per_seed": {m: [_seed_row(r) for r in rs] for m, rs in results.items()},
-        "budget": {m: [dict(r.budget) for r in rs] for m, rs in results.items()},
-        "curves": curves,
-        "test_curve": "per-iteration final-mode test" if per_iteration_test else "not computed (validation only)",
-        "plots": {k: os.path.basename(v) for k, v in plots.items()},
-    }
-    atomic_write_json(os.path.join(workdir, RESULTS_JSON), _json_safe(payload))
-    atomic_write_text(os.path.join(workdir, RESULTS_MD), _markdown(results, test_md, val_md, per_iteration_test, plots))
-    return payload
-
-
-def _seed_row(r: MethodResult) -> dict:
-    return {
-        "seed": r.seed,
-        "expression": r.expression,
-        "canonical": r.canonical,
-        "latex": r.latex,
-        "validation": r.validation,
-        "test": r.test,
-        "evolved_policy_test": r.evolved_policy_test,
-        "note": r.note,
-    }
-
-
-def _ragged(rows: Sequence[Sequence[float | None]]) -> np.ndarray:
-    """f64[S, I] with NaN where a seed has no value (None or a shorter run)."""
-    width = max(len(row) for row in rows)
-    out = np.full((len(rows), width), np.nan)
-    for s, row in enumerate(rows):
-        out[s, : len(row)] = [np.nan if v is None else float(v) for v in row]
-    return out
-
-
-def _ragged_shares(rows: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
-    width = max(len(row) for row in rows)
-    out = np.full((len(rows), width, len(STRUCTURE_CLASSES)), np.nan)
-    for s, row in enumerate(rows):
-        out[s, : len(row)] = np.asarray(row, np.float64)
-    return out
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (np.floating, np.integer)):
-        return _json_safe(value.item())
-    return value
-
-
-def _markdown(results, test_md: str, val_md: str, per_iteration_test: bool, plots: Mapping[str, str]) -> str:
-    lines = ["# DERL comparison", "", "## Test accuracy (final policy, full training set)", "", test_md]
-    lines += ["## Validation accuracy (search score; fixed baselines: one inner training)", "", val_md]
-    lines += ["## Chosen expressions", "", "| method | seed | expression | canonical | validation (%) | test (%) |", "|---|---:|---|---|---:|---:|"]
-    for method, rs in results.items():
-        for r in rs:
-            lines.append(
-                f"| {method} | {r.seed} | `{r.expression}` | `{r.canonical}` | {100 * r.validation:.2f} | {100 * r.test:.2f} |"
-            )
-    evolved = [(m, r) for m, rs in results.items() for r in rs if r.evolved_policy_test is not None]
-    if evolved:
-        lines += ["", "Policies evolved by population search (tested as they are, without final retraining):", ""]
-        lines += [f"- {m}, seed {r.seed}: {100 * r.evolved_policy_test:.2f}%" for m, r in evolved]
-    budgets = [(m, r) for m, rs in results.items() for r in rs if r.budget]
-    if budgets:
-        lines += ["", "## Search budget", "", "| method | seed | candidates charged | candidates trained |", "|---|---:|---:|---:|"]
-        lines += [f"| {m} | {r.seed} | {r.budget['candidates_charged']} | {r.budget['candidates_trained']} |" for m, r in budgets]
-    notes = [f"- {m}, seed {r.seed}: {r.note}" for m, rs in results.items() for r in rs if r.note]
-    if notes:
-        lines += ["", "## Notes", ""] + notes
-    lines += ["", "## Plots", ""]
-    curve_text = (
-        "validation: mean score of each iteration's candidates; test: each iteration's best expression trained in final mode"
-        if per_iteration_test
-        else "validation only (mean score of each iteration's candidates); the per-iteration test curve was not computed "
-        "(set config.compare.per_iteration_test=True)"
-    )
-    for name, path in plots.items():
-        lines.append(f"- `{os.path.basename(path)}`" + (f": {curve_text}" if name == "outer_curves" else ""))
-    return "\n".join(lines) + "\n"

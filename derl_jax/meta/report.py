@@ -1,306 +1,192 @@
-"""Result statistics, comparison tables and the outer-loop plots.
+"""The comparison report: `results.json`, `results.md` and the plots, from finished method results.
 
-* `summarize(values)` — mean, sample std and a Student-t 95% confidence interval over
-  seeds (the paper's Appendix G reports these for 4 seeds).
-* `results_table(per_method)` — a Markdown table `mean ± std [low, high]` per method and
-  the same numbers as a JSON-able dict.
-* `plot_outer_curves` — mean ± std over seeds of validation/test accuracy per outer
-  iteration (the paper's Figure 3).
-* `plot_structure_shares` — stable / unstable / invalid shares of the proposed
-  expressions per outer iteration (the paper's Figure 4).
+    payload = write_report(workdir, {method: [MethodResult per seed]})
 
-Figures are drawn with Matplotlib's Agg renderer through `matplotlib.figure.Figure`, so
-no pyplot backend or global state is touched. Student-t quantiles are computed here (no SciPy): the t CDF through the regularized
-incomplete beta function, inverted by bisection.
+Tables: the headline test accuracy per method (mean ± std and a Student-t 95% interval over
+seeds, `derl_jax.meta.stats`), the test accuracy of the policy retrained from scratch with each
+chosen expression (the same number as the headline except for population strategies, whose
+headline is the evolved policy), and the validation accuracy. Then the chosen expressions, the
+search budget (candidate counts, trainings saved on duplicates, inner-step totals) and notes.
+
+Plots (`derl_jax.meta.plots`): `outer_curves.png` in the paper's Fig. 3 layout — one panel per
+search method with the mean validation score of each iteration's candidates and, when
+computed, their mean test accuracy; when the retrained-best curve was computed
+(`compare.per_iteration_test`) a second row of panels shows it — and `structure_<method>.png`
+(Fig. 4).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-STRUCTURE_CLASSES = ("stable", "unstable", "invalid")
-CONFIDENCE = 0.95
+from derl_jax.checkpoint import atomic_write_json, atomic_write_text
+from derl_jax.meta import plots, stats
+from derl_jax.meta.candidates import STRUCTURE_CLASSES
+from derl_jax.meta.results import HEADLINE_EVOLVED, MethodResult
+
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+CURVES_PLOT = "outer_curves.png"
+VALIDATION_SERIES = "validation (mean of candidates)"
+CANDIDATE_TEST_SERIES = "test (mean of candidates)"
+RETRAINED_SERIES = "test (best of iteration, retrained)"
 
 
-# --------------------------------------------------------------------------- Student t
+def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]]) -> dict:
+    """results.json, results.md and the plots in `workdir`; returns the results.json content."""
+    workdir = os.fspath(workdir)
+    pct = lambda field: {m: [100.0 * _value(r, field) for r in rs] for m, rs in results.items()}  # noqa: E731
+    test_md, test_summary = stats.results_table(pct("test"), column="test accuracy (%)", clip=(0.0, 100.0))
+    retrained_md, retrained_summary = stats.results_table(pct("retrained_test"), column="test accuracy (%)", clip=(0.0, 100.0))
+    val_md, val_summary = stats.results_table(pct("validation"), column="validation accuracy (%)", clip=(0.0, 100.0))
+
+    curves, retrained_curves, figures = {}, {}, {}
+    for method, rs in results.items():
+        if any(r.per_iteration is None for r in rs):
+            continue
+        series = {VALIDATION_SERIES: _ragged([r.per_iteration["validation_mean"] for r in rs])}
+        candidate_tests = _complete([r.per_iteration.get("candidate_test_mean") for r in rs])
+        if candidate_tests is not None:
+            series[CANDIDATE_TEST_SERIES] = candidate_tests
+        curves[method] = series
+        best_tests = _complete([r.per_iteration.get("test_of_best") for r in rs])
+        if best_tests is not None:
+            retrained_curves[method] = {RETRAINED_SERIES: best_tests}
+        shares = np.nanmean(_ragged_shares([r.per_iteration["structure_shares"] for r in rs]), axis=0)
+        figures[f"structure_{method}"] = plots.plot_structure_shares(
+            shares, os.path.join(workdir, f"structure_{method}.png"), title=f"{method}: reward structures"
+        )
+    if curves:
+        panels = dict(curves)
+        panels.update({f"{m}: best retrained": c for m, c in retrained_curves.items()})
+        figures["outer_curves"] = plots.plot_outer_curves(
+            panels, os.path.join(workdir, CURVES_PLOT), ylabel="accuracy", columns=len(curves)
+        )
+
+    payload = {
+        "methods": list(results),
+        "test": test_summary,
+        "retrained_test": retrained_summary,
+        "validation": val_summary,
+        "headline": {m: sorted({r.headline for r in rs}) for m, rs in results.items()},
+        "per_seed": {m: [_seed_row(r) for r in rs] for m, rs in results.items()},
+        "budget": {m: [dict(r.budget) for r in rs] for m, rs in results.items()},
+        "curves": {m: {k: v.tolist() for k, v in s.items()} for m, s in curves.items()},
+        "retrained_curves": {m: {k: v.tolist() for k, v in s.items()} for m, s in retrained_curves.items()},
+        "plots": {k: os.path.basename(v) for k, v in figures.items()},
+    }
+    atomic_write_json(os.path.join(workdir, RESULTS_JSON), _json_safe(payload))
+    atomic_write_text(os.path.join(workdir, RESULTS_MD), _markdown(results, test_md, retrained_md, val_md, payload, figures))
+    return payload
 
 
-def regularized_incomplete_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b) for 0 <= x <= 1, a, b > 0, by its continued fraction (modified Lentz)."""
-    if not 0.0 <= x <= 1.0 or a <= 0 or b <= 0:
-        raise ValueError(f"regularized_incomplete_beta: need 0 <= x <= 1 and a, b > 0, got x={x}, a={a}, b={b}")
-    if x in (0.0, 1.0):
-        return x
-    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
-        return 1.0 - regularized_incomplete_beta(1.0 - x, b, a)
-    log_front = a * math.log(x) + b * math.log1p(-x) - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
-    return math.exp(log_front) / a * _beta_continued_fraction(x, a, b)
+def _value(r: MethodResult, field: str) -> float:
+    value = getattr(r, field)
+    return r.test if value is None else value  # results saved before `retrained_test` existed
 
 
-def _beta_continued_fraction(x: float, a: float, b: float, max_terms: int = 1000, tolerance: float = 1e-15) -> float:
-    """1 / (1 + d1 / (1 + d2 / (1 + ...))) with the incomplete-beta coefficients
-
-    d_{2m+1} = -(a+m)(a+b+m) x / ((a+2m)(a+2m+1)),   d_{2m} = m(b-m) x / ((a+2m-1)(a+2m)),
-
-    evaluated by the modified Lentz method.
-    """
-    tiny = 1e-300
-    fraction, c, d = 1.0, 1.0, 0.0
-    for k in range(1, max_terms + 1):
-        m = k // 2
-        if k % 2:
-            coefficient = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:
-            coefficient = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1.0 + coefficient * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + coefficient / c
-        c = c if abs(c) > tiny else tiny
-        delta = c * d
-        fraction *= delta
-        if abs(delta - 1.0) < tolerance:
-            break
-    return 1.0 / fraction
+def _seed_row(r: MethodResult) -> dict:
+    return {
+        "seed": r.seed,
+        "expression": r.expression,
+        "canonical": r.canonical,
+        "latex": r.latex,
+        "validation": r.validation,
+        "test": r.test,
+        "headline": r.headline,
+        "retrained_test": r.retrained_test,
+        "evolved_policy_test": r.evolved_policy_test,
+        "note": r.note,
+    }
 
 
-def student_t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"student_t_cdf: df must be > 0, got {df}")
-    tail = 0.5 * regularized_incomplete_beta(df / (df + t * t), df / 2.0, 0.5)
-    return 1.0 - tail if t >= 0 else tail
+def _complete(rows: Sequence[Sequence[float | None] | None]) -> np.ndarray | None:
+    """f64[S, I] of per-seed curves when every seed has one and every iteration a value in some seed."""
+    if not rows or any(row is None for row in rows):
+        return None
+    values = _ragged(rows)
+    return values if np.all(np.isfinite(values).any(axis=0)) else None
 
 
-def student_t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (e.g. p=0.975, df=3 -> 3.182), by bisection to ~1e-12."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"student_t_quantile: p must be in (0, 1), got {p}")
-    if df <= 0:
-        raise ValueError(f"student_t_quantile: df must be > 0, got {df}")
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < p:
-        low, high = high, high * 2.0
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        if student_t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-        if high - low <= 1e-12 * max(1.0, high):
-            break
-    return 0.5 * (low + high)
+def _ragged(rows: Sequence[Sequence[float | None]]) -> np.ndarray:
+    """f64[S, I] with NaN where a seed has no value (None or a shorter run)."""
+    width = max(len(row) for row in rows)
+    out = np.full((len(rows), width), np.nan)
+    for s, row in enumerate(rows):
+        out[s, : len(row)] = [np.nan if v is None else float(v) for v in row]
+    return out
 
 
-# --------------------------------------------------------------------------- summaries
+def _ragged_shares(rows: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
+    width = max(len(row) for row in rows)
+    out = np.full((len(rows), width, len(STRUCTURE_CLASSES)), np.nan)
+    for s, row in enumerate(rows):
+        out[s, : len(row)] = np.asarray(row, np.float64)
+    return out
 
 
-def summarize(values: Sequence[float], *, clip: tuple[float, float] | None = None) -> dict:
-    """Mean, sample std (ddof=1), n and the two-sided 95% Student-t interval of the mean.
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.floating, np.integer)):
+        return _json_safe(value.item())
+    return value
 
-    Returns {"mean", "std", "n", "ci95_low", "ci95_high", "ci_defined"}. With n == 1 the
-    std is 0, the interval is [mean, mean] and `ci_defined` is False. `clip=(low, high)`
-    clips the interval to the metric's range (the paper caps accuracy intervals at 100).
-    """
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
-    if array.size == 0:
-        raise ValueError("summarize: no values")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"summarize: values must be finite, got {array.tolist()}")
-    n = int(array.size)
-    mean = float(array.mean())
-    if n == 1:
-        std, low, high = 0.0, mean, mean
+
+def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Mapping, figures: Mapping[str, str]) -> str:
+    evolved = sorted({m for m, rs in results.items() for r in rs if r.headline == HEADLINE_EVOLVED})
+    headline = "the policy retrained from scratch with the chosen expression on the full training set"
+    if evolved:
+        headline += f"; for {', '.join(evolved)} the policy the population search evolved"
+    lines = ["# DERL comparison", "", f"## Test accuracy (headline: {headline})", "", test_md]
+    lines += ["## Test accuracy of the policy retrained from scratch (every method)", "", retrained_md]
+    lines += ["## Validation accuracy (search score; fixed baselines: one inner training)", "", val_md]
+    lines += ["## Chosen expressions", "",
+              "| method | seed | expression | canonical | validation (%) | test (%) | retrained test (%) |",
+              "|---|---:|---|---|---:|---:|---:|"]
+    for method, rs in results.items():
+        for r in rs:
+            lines.append(
+                f"| {method} | {r.seed} | `{r.expression}` | `{r.canonical}` | {100 * r.validation:.2f} | "
+                f"{100 * r.test:.2f} | {100 * _value(r, 'retrained_test'):.2f} |"
+            )
+    budgets = [(m, r) for m, rs in results.items() for r in rs if r.budget]
+    if budgets:
+        lines += ["", "## Search budget", "",
+                  "Candidates: proposals charged / inner trainings run / trainings saved on duplicates. Inner steps: "
+                  "per candidate, over the whole search, and behind the headline policy (population strategies: its "
+                  "lineage) and the retrained one.", "",
+                  "| method | seed | charged | trained | saved | steps/candidate | search steps | headline policy steps | retrained policy steps |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for m, r in budgets:
+            b = r.budget
+            cells = [b.get(k, "-") for k in ("candidates_charged", "candidates_trained", "candidates_shared",
+                                             "inner_steps_per_candidate", "search_inner_steps",
+                                             "reported_policy_inner_steps", "retrained_policy_inner_steps")]
+            lines.append(f"| {m} | {r.seed} | " + " | ".join(str(c) for c in cells) + " |")
+    notes = [f"- {m}, seed {r.seed}: {r.note}" for m, rs in results.items() for r in rs if r.note]
+    if notes:
+        lines += ["", "## Notes", ""] + notes
+    lines += ["", "## Plots", ""]
+    for name, path in figures.items():
+        lines.append(f"- `{os.path.basename(path)}`" + (f": {_curve_text(payload)}" if name == "outer_curves" else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _curve_text(payload: Mapping) -> str:
+    parts = ["validation: mean score of each iteration's candidates (invalid ones 0)"]
+    if any(CANDIDATE_TEST_SERIES in c for c in payload["curves"].values()):
+        parts.append("test: mean test accuracy of the same candidate policies, tested after the search")
     else:
-        std = float(array.std(ddof=1))
-        half_width = student_t_quantile(0.5 + CONFIDENCE / 2.0, n - 1) * std / math.sqrt(n)
-        low, high = mean - half_width, mean + half_width
-    if clip is not None:
-        low, high = min(max(low, clip[0]), clip[1]), min(max(high, clip[0]), clip[1])
-    return {"mean": mean, "std": std, "n": n, "ci95_low": low, "ci95_high": high, "ci_defined": n > 1}
-
-
-def format_summary(summary: Mapping[str, float], digits: int = 2) -> str:
-    """`mean ± std [low, high]`; a trailing `*` marks a single seed (no interval)."""
-    f = f"{{:.{digits}f}}"
-    text = f"{f.format(summary['mean'])} ± {f.format(summary['std'])} [{f.format(summary['ci95_low'])}, {f.format(summary['ci95_high'])}]"
-    return text if summary["ci_defined"] else text + "*"
-
-
-def results_table(
-    per_method: Mapping[str, Sequence[float]],
-    *,
-    column: str = "score",
-    digits: int = 2,
-    clip: tuple[float, float] | None = None,
-) -> tuple[str, dict]:
-    """A Markdown comparison table (methods in the order given) and its numbers.
-
-    per_method: method name -> one value per seed (e.g. test accuracy in %).
-    Returns (markdown, {method: summarize(values)}).
-    """
-    if not per_method:
-        raise ValueError("results_table: no methods")
-    summaries = {}
-    for method, values in per_method.items():
-        try:
-            summaries[str(method)] = summarize(values, clip=clip)
-        except ValueError as err:
-            raise ValueError(f"results_table: method {method!r}: {err}") from err
-    lines = [
-        f"| method | seeds | {column}: mean ± std [95% CI] |",
-        "|---|---:|---|",
-    ]
-    lines += [f"| {m} | {s['n']} | {format_summary(s, digits)} |" for m, s in summaries.items()]
-    if not all(s["ci_defined"] for s in summaries.values()):
-        lines += ["", "\\* single seed: no spread or confidence interval."]
-    return "\n".join(lines) + "\n", summaries
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def curve_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and sample std over seeds of `values: f[S, I]` (NaN = missing) -> (f64[I], f64[I]).
-
-    The std is 0 where fewer than two seeds have a value.
-    """
-    array = np.asarray(values, dtype=np.float64)
-    if array.ndim == 1:
-        array = array[None, :]
-    if array.ndim != 2 or array.shape[1] == 0:
-        raise ValueError(f"curve_band: expected values of shape [seeds, iterations], got {array.shape}")
-    counts = np.sum(np.isfinite(array), axis=0)
-    if np.any(counts == 0):
-        raise ValueError(f"curve_band: iterations {np.flatnonzero(counts == 0).tolist()} have no finite value")
-    clean = np.where(np.isfinite(array), array, 0.0)
-    mean = clean.sum(axis=0) / counts
-    squares = np.where(np.isfinite(array), (array - mean) ** 2, 0.0).sum(axis=0)
-    std = np.where(counts > 1, np.sqrt(squares / np.maximum(counts - 1, 1)), 0.0)
-    return mean, std
-
-
-def plot_outer_curves(
-    curves: Mapping[str, np.ndarray] | Mapping[str, Mapping[str, np.ndarray]],
-    path: str | os.PathLike,
-    *,
-    title: str | None = None,
-    xlabel: str = "outer iteration",
-    ylabel: str = "accuracy",
-) -> str:
-    """Mean ± std band over seeds per outer iteration, one line per series; saves a PNG.
-
-    curves: series name -> f[S, I] (e.g. {"validation": v, "test": t}), or panel name ->
-    such a mapping for one panel per benchmark/method (the paper's Figure 3 layout).
-    """
-    panels = _as_panels(curves)
-    fig = _figure(figsize=(4.5 * len(panels), 3.4))
-    axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, (panel, series) in zip(axes[0], panels.items()):
-        for name, values in series.items():
-            try:
-                mean, std = curve_band(values)
-            except ValueError as err:
-                raise ValueError(f"plot_outer_curves: series {panel}/{name}: {err}") from err
-            steps = np.arange(1, mean.size + 1)
-            (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=name)
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        _integer_ticks(ax)
-        if panel:
-            ax.set_title(panel)
-        ax.grid(alpha=0.3)
-        ax.legend(frameon=False)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
-
-
-def _as_panels(curves) -> dict[str, dict[str, np.ndarray]]:
-    if not curves:
-        raise ValueError("plot_outer_curves: no curves")
-    nested = [isinstance(v, Mapping) for v in curves.values()]
-    if all(nested):
-        if any(not series for series in curves.values()):
-            raise ValueError("plot_outer_curves: a panel has no series")
-        return {str(k): dict(v) for k, v in curves.items()}
-    if any(nested):
-        raise ValueError("plot_outer_curves: mix of arrays and panels; give all arrays or all mappings")
-    return {"": dict(curves)}
-
-
-def structure_shares(classes_per_iteration: Sequence[Sequence[str]]) -> np.ndarray:
-    """f64[I, 3] fractions of 'stable', 'unstable', 'invalid' labels per iteration."""
-    shares = np.zeros((len(classes_per_iteration), len(STRUCTURE_CLASSES)))
-    for i, labels in enumerate(classes_per_iteration):
-        if not labels:
-            raise ValueError(f"structure_shares: iteration {i} has no expressions")
-        for label in labels:
-            if label not in STRUCTURE_CLASSES:
-                raise ValueError(f"structure_shares: iteration {i}: unknown class {label!r}, expected {STRUCTURE_CLASSES}")
-            shares[i, STRUCTURE_CLASSES.index(label)] += 1
-        shares[i] /= len(labels)
-    return shares
-
-
-def plot_structure_shares(
-    shares: np.ndarray,
-    path: str | os.PathLike,
-    *,
-    title: str | None = None,
-    labels: Sequence[str] = STRUCTURE_CLASSES,
-) -> str:
-    """Stacked area of stable/unstable/invalid shares (%) per outer iteration; saves a PNG.
-
-    shares: f[I, 3] fractions or counts per iteration (rows are normalised to sum to 1).
-    """
-    array = np.asarray(shares, dtype=np.float64)
-    if array.ndim != 2 or array.shape[1] != len(labels) or array.shape[0] == 0:
-        raise ValueError(f"plot_structure_shares: expected shape [iterations, {len(labels)}], got {array.shape}")
-    if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError("plot_structure_shares: shares must be finite and non-negative")
-    totals = array.sum(axis=1, keepdims=True)
-    if np.any(totals == 0):
-        raise ValueError(f"plot_structure_shares: rows {np.flatnonzero(totals[:, 0] == 0).tolist()} sum to 0")
-    percent = 100.0 * array / totals
-    fig = _figure(figsize=(5.5, 3.4))
-    ax = fig.subplots()
-    steps = np.arange(1, array.shape[0] + 1)
-    colors = ("#4C9F70", "#E3A72F", "#C8553D")[: len(labels)]
-    ax.stackplot(steps, percent.T, labels=list(labels), colors=colors, alpha=0.85)
-    ax.set_xlim(steps[0], steps[-1] if steps.size > 1 else steps[0] + 1)
-    ax.set_ylim(0, 100)
-    ax.set_xlabel("outer iteration")
-    ax.set_ylabel("share of expressions (%)")
-    _integer_ticks(ax)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    if title:
-        ax.set_title(title)
-    return _save(fig, path)
-
-
-def _figure(figsize: tuple[float, float]):
-    """A figure drawn by the Agg renderer, independent of pyplot's global backend/state."""
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=figsize)
-
-
-def _integer_ticks(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def _save(fig, path: str | os.PathLike) -> str:
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    return path
+        parts.append("candidate test curve not computed (set config.compare.candidate_test=True)")
+    if payload["retrained_curves"]:
+        parts.append("second row: each iteration's best expression retrained in final mode and tested")
+    return "; ".join(parts)

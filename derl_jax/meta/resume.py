@@ -54,8 +54,10 @@ def fresh_incumbent() -> dict:
 
 def fresh_budget() -> dict:
     """candidates_charged: proposals (n per iteration); candidates_trained: inner trainings run;
-    candidates_shared: duplicates that reused another candidate's training (trainings saved)."""
-    return {"candidates_charged": 0, "candidates_trained": 0, "candidates_shared": 0}
+    candidates_shared: duplicates that reused another candidate's training (trainings saved);
+    start_policy_updates: iterations whose best policy became the next start policy
+    (population strategies; 0 otherwise)."""
+    return {"candidates_charged": 0, "candidates_trained": 0, "candidates_shared": 0, "start_policy_updates": 0}
 
 
 def key_list(key: jax.Array) -> list[int]:

@@ -5,8 +5,7 @@
 
 One outer iteration:
 
-  1. `strategy.set_workdir(workdir)` once, then `strategy.propose(state, key_i, n)` -> n
-     expression texts (`n = cfg.outer.num_candidates`).
+  1. `strategy.propose(state, key_i, n)` -> n expression texts (`n = cfg.outer.num_candidates`).
   2. `derl_jax.meta.candidates.evaluate_iteration`: each text is checked and compiled (the
      reason of a rejection is kept); ONE `evaluator.evaluate_candidates` call trains a policy
      per distinct valid expression (programs stacked along K) from the iteration's start policy
@@ -24,6 +23,8 @@ the same canonical form train identical policies, so each form is trained once p
 and its score, curves and policy are copied to the duplicates (`duplicate_of` in their
 records); `budget.candidates_trained` counts the trainings run, `budget.candidates_shared`
 the trainings saved. Without common random numbers every valid candidate trains.
+`budget.start_policy_updates` counts the iterations that advanced a population strategy's
+start policy.
 
 Population strategies (`strategy.population`, DERL-pop) start iteration i's inner policies
 from the best policy of iteration i-1: the base policy in the first iteration; after an
@@ -173,7 +174,6 @@ class _Setup:
             "val_size": int(self.val_set.size),
             "share_duplicates": self.share_duplicates,
             "inner_steps": self.inner_steps,
-            "keep_candidate_policies": self.keep_candidate_policies,
         }
 
 
@@ -221,7 +221,6 @@ def search(
     if finished is not None:
         return finished
 
-    strategy.set_workdir(workdir)
     initial = SearchRun(
         completed=0,
         state=strategy.init(jax.random.fold_in(setup.key, _INIT_STREAM)),
@@ -272,6 +271,7 @@ def _loop(setup: _Setup, run: SearchRun, store: CheckpointStore, logger: RunLogg
             run.budget["candidates_shared"] += sum(r.duplicate_of is not None for r in outcome.records)
             if strategy.population and outcome.best_params is not None:
                 run.start_params = outcome.best_params
+                run.budget["start_policy_updates"] += 1
             run.completed = iteration + 1
             run.history_records += n
             now = time.time()

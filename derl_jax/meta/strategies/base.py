@@ -87,6 +87,8 @@ class StrategyContext:
     grammar: the Meta-Optimizer's grammar (None where no strategy needs one).
     outcome_index: 0-based index of the outcome primitive.
     optimizer_factory: `(cfg, grammar) -> MetaOptimizer` (default: the real one).
+    workdir: the run directory of the search, for strategies that keep readable side files
+        there (the checkpoint stays the source of truth); None outside a run.
     """
 
     cfg: Any
@@ -94,6 +96,7 @@ class StrategyContext:
     grammar: Any = None
     outcome_index: int = 0
     optimizer_factory: OptimizerFactory | None = None
+    workdir: str | None = None
 
     def optimizer(self, name: str) -> MetaOptimizerLike:
         """A Meta-Optimizer for strategy `name`; ValueError when there is no grammar."""
@@ -118,10 +121,6 @@ class Strategy:
     @classmethod
     def check_config(cls, cfg: Any, name: str) -> None:
         """Raise `derl_jax.config.ConfigError` naming the field when `cfg` cannot run `name`."""
-
-    def set_workdir(self, workdir: str) -> None:
-        """Called by the search before `init` with the run directory, for strategies that keep
-        readable side files there (the checkpoint stays the source of truth)."""
 
     def init(self, key: Any) -> Any:
         raise NotImplementedError
