@@ -192,8 +192,8 @@ def test_scores_only_view_hides_curves_from_the_proposer():
 
 
 def test_strategy_checkpoint_restore_gives_the_same_proposals(tmp_path):
-    strategy = make_strategy("arbo", {}, None, NAMES)
-    strategy.set_workdir(str(tmp_path))
+    strategy = make_strategy("arbo", {}, None, NAMES, workdir=tmp_path)
+    assert strategy.workdir == str(tmp_path)
     state, _ = run_rounds(strategy, rounds=3)
     arrays, data = strategy.checkpoint(state)
     fresh = make_strategy("arbo", {}, None, NAMES)

@@ -69,7 +69,7 @@ SCRIPT = textwrap.dedent('''
                                      "inner": {"common_random_numbers": True},
                                      "arbo": {"initial_explore": 1, "patience": 1, "reexplore": 1}})
     data = TokenDataset(prompts=jnp.ones((4, 3), jnp.int32), prompt_mask=jnp.ones((4, 3), bool), context={})
-    strategy = make_strategy("arbo", cfg, None, NAMES)
+    strategy = make_strategy("arbo", cfg, None, NAMES, workdir=workdir)
     search_module.search(strategy, Evaluator(), data, data, NAMES, cfg, workdir, jax.random.key(3),
                          init_params={"skill": jnp.float32(0)}, progress=False, echo=lambda line: None)
 ''')

@@ -5,8 +5,8 @@ record; the proposal operator — the structural proposer, or the LLM agent with
 proposer filling what it leaves uncommitted — reads the history and writes n candidates, their
 lineage and a new belief; `update` appends the search loop's records as observations. The
 history is the strategy state: it goes into the search checkpoint (so a resumed run proposes
-exactly what an uninterrupted one would) and, once the search has told the strategy its run
-directory (`set_workdir`), into `<workdir>/arbo/history.json` after every round.
+exactly what an uninterrupted one would) and, when the strategy is built for a run directory
+(`StrategyContext.workdir`), into `<workdir>/arbo/history.json` after every round.
 
 Names: `arbo` (config.arbo as given) and `arbo_ablation:<preset>` with a preset of
 `derl_jax.meta.arbo.settings.ABLATIONS` (no_belief, scores_only, explore_only, exploit_only)
@@ -74,15 +74,11 @@ class ArboStrategy(Strategy):
         settings = read_settings(context.cfg, cls._ablation(name))
         return cls(context.primitive_names, context.outcome_index, schedule=settings.schedule, view=settings.view,
                    backend=make_backend(settings.agent) if settings.proposer == "agent" else None,
-                   max_turns=settings.agent.max_turns, task=settings.task)
+                   max_turns=settings.agent.max_turns, task=settings.task, workdir=context.workdir)
 
     @classmethod
     def check_config(cls, cfg: Any, name: str) -> None:
         read_settings(cfg, cls._ablation(name))
-
-    def set_workdir(self, workdir: str) -> None:
-        """Keep the history in `<workdir>/arbo/history.json` from now on."""
-        self.workdir = workdir
 
     def init(self, key: Any) -> ArboState:
         return ArboState()

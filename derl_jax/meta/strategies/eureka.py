@@ -31,7 +31,7 @@ class EurekaStrategy(ArboStrategy):
         settings = read_settings(context.cfg)
         return cls(context.primitive_names, context.outcome_index, schedule=EUREKA_SCHEDULE, view=EUREKA_VIEW,
                    backend=make_backend(settings.agent) if settings.proposer == "agent" else None,
-                   max_turns=settings.agent.max_turns, task=settings.task)
+                   max_turns=settings.agent.max_turns, task=settings.task, workdir=context.workdir)
 
     @classmethod
     def check_config(cls, cfg: Any, name: str) -> None:
