@@ -4,7 +4,8 @@ Everything here is arithmetic on a `ModelConfig` and a `RunShape`; nothing touch
 
 Symbols: L layers, D hidden size, F MLP width, H query heads, Kv key/value heads, Dh head
 size, V vocabulary; K candidates, B prompts per step, G samples per prompt, N = B*G rollouts,
-Tp prompt tokens, T new tokens, M minibatches, E epochs.
+Tp prompt tokens, T new tokens, M minibatches, E epochs, U turns per episode (multi-turn
+domains: U sampling calls of N rows per step, each turn one update row, N*U rows in all).
 
 FLOPs count matmuls only, 2 per multiply-add, exactly as the model code issues them:
 
@@ -43,6 +44,7 @@ class RunShape:
 
     chunk_size: candidates trained at once (0 = all K), as `inner.chunk_size`.
     reference: whether the step runs a reference-policy forward (KL weight > 0).
+    turns: sampling calls per step (multi-turn episodes); each turn's (prompt, action) is a row of the update.
     """
 
     model: ModelConfig
@@ -57,10 +59,11 @@ class RunShape:
     reference: bool = False
     chunk_size: int = 0
     mesh: tuple[int, int, int] = (1, 1, 1)
+    turns: int = 1
 
     def __post_init__(self):
         for name in ("num_candidates", "prompts_per_step", "group_size", "prompt_tokens", "new_tokens",
-                     "minibatches", "epochs"):
+                     "minibatches", "epochs", "turns"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"RunShape.{name} must be a positive integer, got {value!r}")
@@ -71,14 +74,24 @@ class RunShape:
                 f"RunShape.chunk_size must be 0 or divide num_candidates={self.num_candidates}, got {self.chunk_size}")
         if len(self.mesh) != 3 or any(int(s) < 1 for s in self.mesh):
             raise ValueError(f"RunShape.mesh must be three positive sizes (cand, data, model), got {self.mesh!r}")
-        if self.rollouts % self.minibatches:
+        if self.update_rows % self.minibatches:
             raise ValueError(
-                f"RunShape.minibatches={self.minibatches} must divide the {self.rollouts} rollouts per step")
+                f"RunShape.minibatches={self.minibatches} must divide the {self.update_rows} update rows per step")
 
     @property
     def rollouts(self) -> int:
-        """N = B * G rollouts per step and candidate."""
+        """N = B * G rows of one sampling call."""
         return self.prompts_per_step * self.group_size
+
+    @property
+    def update_rows(self) -> int:
+        """N * U rows the update trains on per step and candidate."""
+        return self.rollouts * self.turns
+
+    @property
+    def update_group(self) -> int:
+        """Rows in a row of the update that share a prompt (prefilled once): G for one turn and one minibatch."""
+        return self.group_size if self.minibatches == 1 and self.turns == 1 else 1
 
     @property
     def in_flight(self) -> int:
@@ -204,8 +217,8 @@ def teacher_forced_flops(config: ModelConfig, rows: int, group: int, prompt_toke
 def update_step_flops(shape: RunShape) -> int:
     """One optimizer step (forward + backward) on N/M rows of one candidate."""
     config = shape.model
-    rows = shape.rollouts // shape.minibatches
-    group = shape.group_size if shape.minibatches == 1 else 1
+    rows = shape.update_rows // shape.minibatches
+    group = shape.update_group
     tp, t = shape.prompt_tokens, shape.new_tokens
     forward = teacher_forced_flops(config, rows, group, tp, t)
     tokens = rows // group * tp + rows * (t - 1)
@@ -221,8 +234,8 @@ def step_flops(shape: RunShape) -> dict[str, int]:
     """FLOPs of one inner-loop step over all K candidates: sampling, reference forward,
     E*M optimizer steps, and their total."""
     k = shape.num_candidates
-    sampling = k * sampling_flops(shape)
-    reference = k * teacher_forced_flops(shape.model, shape.rollouts, shape.group_size, shape.prompt_tokens,
+    sampling = k * shape.turns * sampling_flops(shape)
+    reference = k * teacher_forced_flops(shape.model, shape.update_rows, shape.update_group, shape.prompt_tokens,
                                          shape.new_tokens) if shape.reference else 0
     update = k * shape.epochs * shape.minibatches * update_step_flops(shape)
     return {"sampling": sampling, "reference": reference, "update": update,
@@ -245,7 +258,7 @@ def activation_bytes_estimate(shape: RunShape) -> int:
     (`derl_jax.plan.compiled`) replaces it where available."""
     config = shape.model
     cand, data, model = shape.mesh
-    rows = max(shape.rollouts // shape.minibatches // data, 1)
+    rows = max(shape.update_rows // shape.minibatches // data, 1)
     length = shape.prompt_tokens + shape.new_tokens
     act = itemsize(config.dtype)
     per_layer = rows * length * config.hidden_size * act
@@ -261,7 +274,8 @@ def per_device(shape: RunShape) -> dict[str, int]:
     """Bytes per device of one inner-loop step, by kind.
 
     params: the shared starting policy plus the K/cand trained copies (outputs);
-    optimizer: the state of the candidates in flight on the device; kv_cache: the sampling
+    optimizer: the state of the candidates in flight on the device; gradients: one
+    parameter-shaped buffer per candidate in flight; kv_cache: the sampling
     cache of those candidates (rows split over 'data', key/value heads over 'model' when it
     divides them); activations: `activation_bytes_estimate` for those candidates.
     """
@@ -275,29 +289,37 @@ def per_device(shape: RunShape) -> dict[str, int]:
     return {
         "params": one_policy * (1 + local_candidates),
         "optimizer": optimizer_bytes(config, shape.optimizer, model) * in_flight,
+        "gradients": one_policy * in_flight,
         "kv_cache": kv * in_flight,
         "activations": activation_bytes_estimate(shape) * in_flight,
     }
 
 
-def per_device_flops(shape: RunShape) -> int:
-    """Total step FLOPs over the devices, assuming the mesh divides the work evenly (K padded)."""
-    total = step_flops(shape)["total"] * padded_candidates(shape) // shape.num_candidates
-    return total // shape.num_devices
+def per_device_flops(shape: RunShape) -> dict[str, int]:
+    """Step FLOPs per device and piece, assuming the mesh divides the work evenly (K padded)."""
+    scale = padded_candidates(shape) / shape.num_candidates / shape.num_devices
+    return {name: int(value * scale) for name, value in step_flops(shape).items()}
 
 
-def hbm_bytes_estimate(shape: RunShape) -> int:
-    """Bytes one device moves from HBM in one step (for the roofline): every decode step
-    reads the local weights and KV cache; every optimizer step reads the weights 3 times
-    (forward, recompute or backward, update), reads and writes the optimizer state, and
-    writes and reads the activations once."""
+def peak_bytes_estimate(shape: RunShape) -> int:
+    """Analytic peak per device: parameters, optimizer state and gradients, plus the larger
+    of the sampling KV cache and the update activations."""
+    sizes = per_device(shape)
+    return sizes["params"] + sizes["optimizer"] + sizes["gradients"] + max(sizes["kv_cache"], sizes["activations"])
+
+
+def hbm_bytes_estimate(shape: RunShape) -> dict[str, int]:
+    """Bytes one device moves from HBM in one step, per piece (for the roofline): every
+    decode step reads the local weights and KV cache; every optimizer step reads the weights
+    3 times (forward, recompute or backward, update), reads and writes the optimizer state,
+    and writes and reads the activations once."""
     sizes = per_device(shape)
     cand, data, model = shape.mesh
     in_flight = max(min(shape.in_flight, padded_candidates(shape)) // cand, 1)
     rounds = padded_candidates(shape) // cand // in_flight
     weights = param_bytes(shape.model, model) * in_flight
-    sampling = shape.new_tokens * (weights + sizes["kv_cache"])
+    sampling = shape.turns * shape.new_tokens * (weights + sizes["kv_cache"])
     steps = shape.epochs * shape.minibatches
     update = steps * (3 * weights + 2 * sizes["optimizer"] + 2 * sizes["activations"])
     reference = weights + sizes["activations"] if shape.reference else 0
-    return rounds * (sampling + update + reference)
+    return {"sampling": rounds * sampling, "reference": rounds * reference, "update": rounds * update}

@@ -75,18 +75,16 @@ def candidate_functions(shape: RunShape, graphdef) -> dict[str, Callable]:
     optimizer = make_optimizer(grpo)
     # remat only changes the backward pass; forward-only pieces run the same model without it
     forward_graphdef = tr.abstract_model(shape.model.replace(remat=False))[0] if shape.model.remat else graphdef
-    update_group = shape.group_size if shape.minibatches == 1 else 1
-
     def sample_one(params, prompts, prompt_mask, key):
         out = sample(forward_graphdef, params, prompts, prompt_mask, key, max_new_tokens=shape.new_tokens,
                      eos_id=NEVER_EOS, pad_id=PAD_ID, group_size=shape.group_size)
         return out.tokens, out.sampling_logprobs, out.mask
 
     def reference_one(params, batch):
-        return logprob_fn(forward_graphdef, shape.group_size)(params, batch)[0]
+        return logprob_fn(forward_graphdef, shape.update_group)(params, batch)[0]
 
     def update_one(params, opt_state, batch, key):
-        return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, update_group), optimizer, grpo)
+        return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, shape.update_group), optimizer, grpo)
 
     return {"sample": sample_one, "reference": reference_one, "update": update_one}
 
@@ -167,10 +165,10 @@ def compile_pieces(shape: RunShape, mesh: Mesh | None = None) -> dict[str, Any]:
     spmd = "cand" if mesh is not None else None
     stacked_params = _stacked(params, count, _specs(params, mesh, False), mesh)
     stacked_opt = _stacked(opt_state, count, _specs(opt_state, mesh, False), mesh)
-    batch = abstract_batch(shape, shape.rollouts)
+    batch = abstract_batch(shape, shape.update_rows)
     stacked_batch = _stacked(batch, count, _specs(batch, mesh, True), mesh)
     keys = _stacked(abstract_key(), count, PartitionSpec(), mesh)
-    prompts = {name: stacked_batch[name] for name in ("prompts", "prompt_mask")}
+    prompts = _stacked(abstract_batch(shape, shape.rollouts), count, _specs(batch, mesh, True), mesh)
     vmap = lambda fn: jax.vmap(fn, spmd_axis_name=spmd)  # noqa: E731
     compiled = {
         "sample": jax.jit(vmap(fns["sample"])).lower(stacked_params, prompts["prompts"], prompts["prompt_mask"],
@@ -214,20 +212,19 @@ def flop_pieces(shape: RunShape) -> dict[str, float]:
     }
     fns = candidate_functions(shape, graphdef)
     if shape.reference:
-        flops["reference"] = cost_flops(jax.jit(fns["reference"]).lower(params, batch).compile())
+        flops["reference"] = cost_flops(jax.jit(fns["reference"]).lower(
+            params, abstract_batch(shape, shape.update_rows)).compile())
     one_step = dataclasses.replace(grpo_config(shape), epochs=1, minibatches=1)
-    update_group = shape.group_size if shape.minibatches == 1 else 1
-
     def update_step_piece(params, opt_state, batch, key):
-        return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, update_group),
+        return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, shape.update_group),
                            make_optimizer(one_step), one_step)
 
     flops["update_step"] = cost_flops(jax.jit(update_step_piece).lower(
-        params, opt_state, abstract_batch(shape, n // shape.minibatches), abstract_key()).compile())
+        params, opt_state, abstract_batch(shape, shape.update_rows // shape.minibatches), abstract_key()).compile())
     if any(value is None for value in flops.values()):
         return {}
     k = shape.num_candidates
-    sampling = k * (flops["prefill"] + (t - 1) * flops["decode_step"])
+    sampling = k * shape.turns * (flops["prefill"] + (t - 1) * flops["decode_step"])
     update = k * shape.epochs * shape.minibatches * flops["update_step"]
     flops["step"] = {"sampling": sampling, "reference": k * flops.get("reference", 0.0), "update": update,
                      "total": sampling + k * flops.get("reference", 0.0) + update}
