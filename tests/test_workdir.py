@@ -22,7 +22,7 @@ HOLDER = textwrap.dedent("""
     from derl_jax.workdir import exclusive
     with exclusive(sys.argv[1]):
         print("locked", flush=True)
-        time.sleep(120)
+        time.sleep(3600)  # until killed
 """)
 
 
