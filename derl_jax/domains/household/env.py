@@ -130,36 +130,38 @@ def acceptable_tags(state: HouseholdState, parsed: A.ParsedAction, succeeded: ja
     return jnp.stack([plan, explore, reflect, ~(plan | explore | reflect)])
 
 
-def _obj_words(state, o):
-    return text.entity(_table(vocab.OBJECT_WORD, state.task.obj_type[o]), state.task.obj_num[o])
-
-
-def _rec_words(state, r):
-    return text.entity(_table(vocab.RECEPTACLE_WORD, state.task.recep_type[r]), state.task.recep_num[r])
-
-
-def _contents(state: HouseholdState, r, where: bool) -> list:
-    """"on the r , you see ... ." or, for a closed receptacle, "the r is closed ."."""
+def observe(state: HouseholdState, fmt: jax.Array, obj: jax.Array, recep: jax.Array, length: int) -> jax.Array:
+    """i32[length]: observation format `fmt` (text.FORMAT) naming object slot `obj` and receptacle
+    slot `recep` of `state`'s room (see text.py)."""
     task = state.task
-    is_open = accessible(state)[r]
-    items = text.listing(_table(vocab.OBJECT_WORD, task.obj_type), task.obj_num,
-                         (state.obj_loc == r) & (task.obj_type >= 0))
-    shown = [text.words("in it ," if not where else "on the"), *([_rec_words(state, r), text.words(",")] if where else []),
-             text.words("you see"), items, text.words(".")]
-    closed = [text.words("the"), _rec_words(state, r), text.words("is closed .")]
-    return text.gate(shown, is_open) + text.gate(closed, ~is_open)
+    obj_words = jnp.stack([_table(vocab.OBJECT_WORD, task.obj_type), jnp.asarray(vocab.NUMBER_WORD)[task.obj_num]], 1)
+    rec_words = jnp.stack([_table(vocab.RECEPTACLE_WORD, task.recep_type),
+                           jnp.asarray(vocab.NUMBER_WORD)[task.recep_num]], 1)
+    r = jnp.maximum(recep, 0)
+    entities = jnp.stack([jnp.zeros(2, jnp.int32), obj_words[jnp.maximum(obj, 0)], rec_words[r],
+                          obj_words[jnp.maximum(held_object(state), 0)], rec_words[jnp.maximum(state.agent_loc, 0)]])
+    objects = text.listing(obj_words[:, 0], task.obj_num, (state.obj_loc == r) & (task.obj_type >= 0))
+    room = text.listing(rec_words[:, 0], task.recep_num, task.recep_type >= 0)
+    return text.render(fmt, entities, objects, room, length)
 
 
-def _room_listing(state: HouseholdState) -> list:
-    task = state.task
-    return [text.words("you are in the middle of a room . looking quickly around you , you see"),
-            text.listing(_table(vocab.RECEPTACLE_WORD, task.recep_type), task.recep_num, task.recep_type >= 0),
-            text.words(".")]
+def _format(state: HouseholdState, p: A.ParsedAction, ok: jax.Array) -> jax.Array:
+    """i32[]: the observation format of the step (text.FORMAT)."""
+    F = text.FORMAT
+    is_open = accessible(state)[jnp.maximum(p.recep, 0)]
+    by_template = jnp.array([F["arrive_open"], F["take"], F["put"], F["open"], F["close"], F["use"], F["clean"],
+                             F["heat"], F["cool"], F["examine_object"], F["examine_open"], F["look_middle"],
+                             F["carrying"]], jnp.int32)
+    fmt = by_template[jnp.maximum(p.template, 0)]
+    fmt = jnp.where((fmt == F["arrive_open"]) & ~is_open, F["arrive_closed"], fmt)
+    fmt = jnp.where((fmt == F["examine_open"]) & ~is_open, F["examine_closed"], fmt)
+    fmt = jnp.where((fmt == F["look_middle"]) & (state.agent_loc >= 0), F["look_at"], fmt)
+    fmt = jnp.where((fmt == F["carrying"]) & (held_object(state) < 0), F["carrying_nothing"], fmt)
+    return jnp.where(ok, fmt, F["nothing_happens"]).astype(jnp.int32)
 
 
 def _apply(state: HouseholdState, p: A.ParsedAction):
-    """(ok bool[], state after a successful action, its observation pieces) for every template;
-    the caller selects by template."""
+    """(ok bool[], state after a successful action) for every template; the caller selects by template."""
     task = state.task
     o, r = jnp.maximum(p.obj, 0), jnp.maximum(p.recep, 0)
     has_o, has_r = p.obj >= 0, p.recep >= 0
@@ -171,52 +173,33 @@ def _apply(state: HouseholdState, p: A.ParsedAction):
     openable_r = _table(vocab.OPENABLE, task.recep_type[r])
     held_o = has_o & (state.obj_loc[o] == HELD)
     rtype = task.recep_type[r]
-    treat = [(A.CLEAN, vocab.SINK, vocab.CLEANABLE, "clean", "obj_clean"),
-             (A.HEAT, vocab.MICROWAVE, vocab.HEATABLE, "heat", "obj_hot"),
-             (A.COOL, vocab.FRIDGE, vocab.COOLABLE, "cool", "obj_cool")]
+    treat = [(A.CLEAN, vocab.SINK, vocab.CLEANABLE, "obj_clean"), (A.HEAT, vocab.MICROWAVE, vocab.HEATABLE, "obj_hot"),
+             (A.COOL, vocab.FRIDGE, vocab.COOLABLE, "obj_cool")]
     branches = {
-        A.GO: (has_r & (here != r), dataclasses.replace(state, agent_loc=r, visited=state.visited.at[r].set(True)),
-               [text.words("you arrive at"), _rec_words(state, r), text.words("."), *_contents(state, r, True)]),
+        A.GO: (has_r & (here != r), dataclasses.replace(state, agent_loc=r, visited=state.visited.at[r].set(True))),
         A.TAKE: (at_r & reachable_o & (holding < 0) & _table(vocab.PICKABLE, obj_type),
-                 dataclasses.replace(state, obj_loc=state.obj_loc.at[o].set(HELD)),
-                 [text.words("you pick up the"), _obj_words(state, o), text.words("from the"), _rec_words(state, r),
-                  text.words(".")]),
-        A.PUT: (at_r & held_o & accessible(state)[r], dataclasses.replace(state, obj_loc=state.obj_loc.at[o].set(r)),
-                [text.words("you put the"), _obj_words(state, o), text.words("in/on the"), _rec_words(state, r),
-                 text.words(".")]),
+                 dataclasses.replace(state, obj_loc=state.obj_loc.at[o].set(HELD))),
+        A.PUT: (at_r & held_o & accessible(state)[r], dataclasses.replace(state, obj_loc=state.obj_loc.at[o].set(r))),
         A.OPEN: (at_r & openable_r & ~state.recep_open[r],
                  dataclasses.replace(state, recep_open=state.recep_open.at[r].set(True),
-                                     opened=state.opened.at[r].set(True)),
-                 [text.words("you open the"), _rec_words(state, r), text.words("."),
-                  *_contents(dataclasses.replace(state, recep_open=state.recep_open.at[r].set(True)), r, False)]),
+                                     opened=state.opened.at[r].set(True))),
         A.CLOSE: (at_r & openable_r & state.recep_open[r],
-                  dataclasses.replace(state, recep_open=state.recep_open.at[r].set(False)),
-                  [text.words("you close the"), _rec_words(state, r), text.words(".")]),
+                  dataclasses.replace(state, recep_open=state.recep_open.at[r].set(False))),
         A.USE: (reachable_o & _table(vocab.LIGHT_SOURCE, obj_type) & ~state.lamp_on[o],
-                dataclasses.replace(state, lamp_on=state.lamp_on.at[o].set(True)),
-                [text.words("you turn on the"), _obj_words(state, o), text.words(".")]),
-        A.EXAMINE_OBJECT: (held_o | reachable_o, state,
-                           [text.words("there's nothing special about the"), _obj_words(state, o), text.words(".")]),
-        A.EXAMINE_RECEPTACLE: (at_r, state, _contents(state, r, True)),
-        A.LOOK: (jnp.bool_(True), state,
-                 text.gate(_room_listing(state), here < 0)
-                 + text.gate([text.words("you are facing the"), _rec_words(state, jnp.maximum(here, 0)),
-                              text.words(". next to it , you see nothing .")], here >= 0)),
-        A.INVENTORY: (jnp.bool_(True), state,
-                      text.gate([text.words("you are carrying : a"), _obj_words(state, jnp.maximum(holding, 0)),
-                                 text.words(".")], holding >= 0)
-                      + text.gate([text.words("you are not carrying anything .")], holding < 0)),
+                dataclasses.replace(state, lamp_on=state.lamp_on.at[o].set(True))),
+        A.EXAMINE_OBJECT: (held_o | reachable_o, state),
+        A.EXAMINE_RECEPTACLE: (at_r, state),
+        A.LOOK: (jnp.bool_(True), state),
+        A.INVENTORY: (jnp.bool_(True), state),
     }
-    for template, device, able, verb, field in treat:
+    for template, device, able, field in treat:
         after = {"obj_clean": state.obj_clean, "obj_hot": state.obj_hot, "obj_cool": state.obj_cool}
         after[field] = after[field].at[o].set(True)
         if field != "obj_clean":  # heating and cooling undo each other
             other = "obj_cool" if field == "obj_hot" else "obj_hot"
             after[other] = after[other].at[o].set(False)
         branches[template] = (at_r & held_o & (rtype == device) & _table(able, obj_type),
-                              dataclasses.replace(state, **after),
-                              [text.words(f"you {verb} the"), _obj_words(state, o), text.words("using the"),
-                               _rec_words(state, r), text.words(".")])
+                              dataclasses.replace(state, **after))
     return [branches[t] for t in range(len(A.TEMPLATE_TEXT))]
 
 
@@ -245,7 +228,7 @@ class HouseholdEnv:
                                lamp_on=no_obj, recep_open=no_rec, visited=no_rec, opened=no_rec,
                                agent_loc=jnp.int32(-1), turn=jnp.int32(0), progress=jnp.int32(0),
                                subgoal_done=false, last_failed=false, done=false, success=false)
-        return text.compose(_room_listing(state), self.obs_length), state
+        return observe(state, jnp.int32(text.FORMAT["look_middle"]), jnp.int32(0), jnp.int32(0), self.obs_length), state
 
     def step(self, state: HouseholdState, action: jax.Array):
         """(obs i32[O], state, reward f32[], done bool[], info) after `action` i32[A].
@@ -258,14 +241,15 @@ class HouseholdEnv:
         outcomes = _apply(state, parsed)
         template = jnp.maximum(parsed.template, 0)
         ok = parsed.well_formed & jnp.stack([b[0] for b in outcomes])[template]
-        moved = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs)[template],
-                                       *[dataclasses.replace(b[1], task=None) for b in outcomes])
-        moved = dataclasses.replace(moved, task=state.task)
-        texts = [text.flatten(b[2]) for b in outcomes] + [text.flatten([text.words("nothing happens .")])]
-        longest = max(t.shape[0] for t, _ in texts)
-        tokens, masks = (jnp.stack(column) for column in zip(*[text.flatten([t], longest) for t in texts]))
-        chosen = jnp.where(ok, template, len(outcomes))
-        obs = text.compose([(tokens[chosen], masks[chosen])], self.obs_length)
+        moved = {}
+        for field in dataclasses.fields(HouseholdState):
+            value = getattr(state, field.name)
+            for index, (_, branch_state) in enumerate(outcomes):   # only the branches that change the field
+                if getattr(branch_state, field.name) is not getattr(state, field.name):
+                    value = jnp.where(template == index, getattr(branch_state, field.name), value)
+            moved[field.name] = value
+        moved = HouseholdState(**moved)
+        obs = observe(state, _format(state, parsed, ok), parsed.obj, parsed.recep, self.obs_length)
         tags = acceptable_tags(state, parsed, ok)
         tag_ok = tags[jnp.maximum(parsed.tag, 0)] & (parsed.tag >= 0)
         after = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), moved, state)

@@ -81,8 +81,8 @@ def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Arra
 
 def tagged(state: HouseholdState, template, obj, recep) -> jax.Array:
     """i32[A]: the action with the first correct tag (plan, reflect, explore, act), assuming it succeeds."""
-    untagged = A.make_action(jnp.int32(0), template, obj, recep, state.task)
-    tags = acceptable_tags(state, A.parse_action(untagged, state.task), jnp.bool_(True))
+    parsed = A.ParsedAction(tag=jnp.int32(0), template=template, obj=obj, recep=recep, well_formed=jnp.bool_(True))
+    tags = acceptable_tags(state, parsed, jnp.bool_(True))
     priority = jnp.asarray(TAG_PRIORITY)
     tag = priority[jnp.argmax(tags[priority])]
     return A.make_action(tag, template, obj, recep, state.task)
@@ -94,26 +94,38 @@ def expert_action(state: HouseholdState, key: jax.Array | None = None) -> jax.Ar
     return tagged(state, *expert_choice(state))
 
 
+def _pick(uniform: jax.Array, allowed: jax.Array) -> jax.Array:
+    """Index of a uniformly chosen True of bool[K] (at least one True), from `uniform` in [0, 1)."""
+    rank = jnp.floor(uniform * jnp.sum(allowed)).astype(jnp.int32)
+    return jnp.argmax(jnp.cumsum(allowed) > rank).astype(jnp.int32)
+
+
 def random_action(state: HouseholdState, key: jax.Array) -> jax.Array:
-    """i32[A]: a random template over random room entities with a random tag, or a random word string."""
+    """i32[A]: a random template over random room entities with a random tag, or (one in five) a
+    random word string. All draws come from one call to the generator (cheap to compile)."""
+    return _random_action(state, jax.random.uniform(key, (RANDOM_DRAWS,)))
+
+
+RANDOM_DRAWS = 7 + A.ACTION_LENGTH
+
+
+def _random_action(state: HouseholdState, u: jax.Array) -> jax.Array:
     task = state.task
-    k_template, k_obj, k_rec, k_tag, k_soup, k_kind, k_len = jax.random.split(key, 7)
-    template = jax.random.randint(k_template, (), 0, len(A.TEMPLATE_TEXT))
-    obj = jax.random.categorical(k_obj, jnp.where(task.obj_type >= 0, 0.0, -jnp.inf))
-    recep = jax.random.categorical(k_rec, jnp.where(task.recep_type >= 0, 0.0, -jnp.inf))
-    tag = jax.random.randint(k_tag, (), 0, len(vocab.TAGS))
-    formed = A.make_action(tag, template, obj, recep, task)
-    soup = jax.random.randint(k_soup, (A.ACTION_LENGTH,), len(vocab.SPECIALS), vocab.VOCAB_SIZE)
-    soup = jnp.where(jnp.arange(A.ACTION_LENGTH) < jax.random.randint(k_len, (), 1, A.ACTION_LENGTH + 1),
-                     soup, vocab.PAD_ID)
-    return jnp.where(jax.random.uniform(k_kind) < 0.2, soup, formed).astype(jnp.int32)
+    template = jnp.floor(u[0] * len(A.TEMPLATE_TEXT)).astype(jnp.int32)
+    tag = jnp.floor(u[1] * len(vocab.TAGS)).astype(jnp.int32)
+    formed = A.make_action(tag, template, _pick(u[2], task.obj_type >= 0), _pick(u[3], task.recep_type >= 0), task)
+    first_word = len(vocab.SPECIALS)
+    soup = (first_word + jnp.floor(u[6:-1] * (vocab.VOCAB_SIZE - first_word))).astype(jnp.int32)
+    soup_length = 1 + jnp.floor(u[4] * A.ACTION_LENGTH)
+    soup = jnp.where(jnp.arange(A.ACTION_LENGTH) < soup_length, soup, vocab.PAD_ID)
+    return jnp.where(u[5] < 0.2, soup, formed).astype(jnp.int32)
 
 
-def perturbed_policy(rate: float) -> Policy:
-    """The expert, replaced by `random_action` with probability `rate` at every turn."""
+def perturbed_policy(rate) -> Policy:
+    """The expert, replaced by `random_action` with probability `rate` (f32[], may be traced) at every turn."""
     def policy(state: HouseholdState, key: jax.Array) -> jax.Array:
-        k_coin, k_random = jax.random.split(key)
-        return jnp.where(jax.random.uniform(k_coin) < rate, random_action(state, k_random), expert_action(state))
+        u = jax.random.uniform(key, (RANDOM_DRAWS,))
+        return jnp.where(u[-1] < rate, _random_action(state, u), expert_action(state))
     return policy
 
 

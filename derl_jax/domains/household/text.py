@@ -1,15 +1,18 @@
-"""Observation text as token arrays, built inside jitted code.
+"""Observation text as token arrays, rendered inside jitted code from a table of formats.
 
-A text is a list of pieces, each (tokens i32[k], mask bool[k]); `compose` concatenates them and
-moves the masked-out tokens to the end, so alternatives ("the fridge 1 is closed ." or "on the
-fridge 1 , you see ...") are written side by side with complementary masks and the result has a
-static length. Shapes: K items of a listing, O observation tokens.
+Every observation follows one of `FORMATS`, each the same seven slots:
+
+    phrase, entity, phrase, entity, phrase, listing, phrase
+
+A phrase is fixed words; an entity slot names the action's object, the action's receptacle,
+the held object or the agent's receptacle ("cabinet 2"); a listing slot lists the objects in the
+action's receptacle ("a apple 1 , a mug 2" or "nothing") or the receptacles of the room. The
+environment picks a format index per step and `render` fills it with one gather per slot and a
+single packing scatter, so the text costs little to compile under vmap.
+Shapes: K items of a listing, O observation tokens.
 """
 
 from __future__ import annotations
-
-import functools
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,29 +20,53 @@ import numpy as np
 
 from derl_jax.domains.household import vocab
 
-Piece = tuple[jax.Array, jax.Array]
-_VOCAB = vocab.WordVocab()
+NO_ENTITY, OBJECT, RECEPTACLE, HELD_OBJECT, HERE = range(5)
+NO_LISTING, OBJECTS_IN_RECEPTACLE, ROOM = range(3)
+_ROOM = "you are in the middle of a room . looking quickly around you , you see"
+# name: (phrase, entity, phrase, entity, phrase, listing, phrase)
+FORMATS = {
+    "arrive_open": ("you arrive at", RECEPTACLE, ". on the", RECEPTACLE, ", you see", OBJECTS_IN_RECEPTACLE, "."),
+    "arrive_closed": ("you arrive at", RECEPTACLE, ". the", RECEPTACLE, "is closed .", NO_LISTING, ""),
+    "take": ("you pick up the", OBJECT, "from the", RECEPTACLE, ".", NO_LISTING, ""),
+    "put": ("you put the", OBJECT, "in/on the", RECEPTACLE, ".", NO_LISTING, ""),
+    "open": ("you open the", RECEPTACLE, ". in it , you see", NO_ENTITY, "", OBJECTS_IN_RECEPTACLE, "."),
+    "close": ("you close the", RECEPTACLE, ".", NO_ENTITY, "", NO_LISTING, ""),
+    "use": ("you turn on the", OBJECT, ".", NO_ENTITY, "", NO_LISTING, ""),
+    "clean": ("you clean the", OBJECT, "using the", RECEPTACLE, ".", NO_LISTING, ""),
+    "heat": ("you heat the", OBJECT, "using the", RECEPTACLE, ".", NO_LISTING, ""),
+    "cool": ("you cool the", OBJECT, "using the", RECEPTACLE, ".", NO_LISTING, ""),
+    "examine_object": ("there's nothing special about the", OBJECT, ".", NO_ENTITY, "", NO_LISTING, ""),
+    "examine_open": ("on the", RECEPTACLE, ", you see", NO_ENTITY, "", OBJECTS_IN_RECEPTACLE, "."),
+    "examine_closed": ("the", RECEPTACLE, "is closed .", NO_ENTITY, "", NO_LISTING, ""),
+    "look_middle": (_ROOM, NO_ENTITY, "", NO_ENTITY, "", ROOM, "."),
+    "look_at": ("you are facing the", HERE, ". next to it , you see nothing .", NO_ENTITY, "", NO_LISTING, ""),
+    "carrying": ("you are carrying : a", HELD_OBJECT, ".", NO_ENTITY, "", NO_LISTING, ""),
+    "carrying_nothing": ("you are not carrying anything .", NO_ENTITY, "", NO_ENTITY, "", NO_LISTING, ""),
+    "nothing_happens": ("nothing happens .", NO_ENTITY, "", NO_ENTITY, "", NO_LISTING, ""),
+}
+FORMAT_NAMES = tuple(FORMATS)
+FORMAT = {name: index for index, name in enumerate(FORMAT_NAMES)}
 
 
-@functools.lru_cache(maxsize=None)
-def _word_ids(text: str) -> tuple[int, ...]:
-    return tuple(_VOCAB.encode(text))
+def _tables():
+    encode = vocab.WordVocab().encode
+    phrases = [[encode(row[k]) for k in (0, 2, 4, 6)] for row in FORMATS.values()]
+    width = max(len(p) for row in phrases for p in row)
+    ids = np.full((len(FORMATS), 4, width), vocab.PAD_ID, np.int32)
+    for f, row in enumerate(phrases):
+        for k, words in enumerate(row):
+            ids[f, k, : len(words)] = words
+    entities = np.array([[row[1], row[3]] for row in FORMATS.values()], np.int32)
+    listings = np.array([row[5] for row in FORMATS.values()], np.int32)
+    return ids, entities, listings
 
 
-def words(text: str, show=True) -> Piece:
-    """The words of `text` as a piece, shown where `show` (bool[]) holds."""
-    ids = np.array(_word_ids(text), np.int32)
-    return jnp.asarray(ids), jnp.broadcast_to(jnp.asarray(show, bool), ids.shape)
+PHRASE_IDS, ENTITY_SLOTS, LISTING_SLOTS = _tables()
 
 
-def entity(name_word: jax.Array, number: jax.Array, show=True) -> Piece:
-    """"name number" (e.g. "cabinet 2") from a name word id and an instance number."""
-    tokens = jnp.stack([name_word, jnp.asarray(vocab.NUMBER_WORD)[number]]).astype(jnp.int32)
-    return tokens, jnp.broadcast_to(jnp.asarray(show, bool), (2,))
-
-
-def listing(name_words: jax.Array, numbers: jax.Array, show: jax.Array) -> Piece:
-    """"a apple 1 , a mug 2" over the shown items of i32[K] / i32[K] / bool[K], or "nothing"."""
+def listing(name_words: jax.Array, numbers: jax.Array, show: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(tokens i32[4K+1], mask): "a apple 1 , a mug 2" over the shown items of i32[K] / i32[K] /
+    bool[K], or "nothing"."""
     count = name_words.shape[0]
     number_words = jnp.asarray(vocab.NUMBER_WORD)[numbers]
     comma = jnp.full((count,), vocab.ID[","], jnp.int32)
@@ -47,30 +74,8 @@ def listing(name_words: jax.Array, numbers: jax.Array, show: jax.Array) -> Piece
     tokens = jnp.stack([comma, article, name_words.astype(jnp.int32), number_words], axis=1).reshape(-1)
     after_first = jnp.cumsum(show) > 1
     mask = jnp.stack([show & after_first, show, show, show], axis=1).reshape(-1)
-    nothing, nothing_mask = words("nothing", ~jnp.any(show))
-    return jnp.concatenate([tokens, nothing]), jnp.concatenate([mask, nothing_mask])
-
-
-def gate(pieces: Sequence[Piece], show) -> list[Piece]:
-    """`pieces` shown only where `show` (bool[]) holds."""
-    return [(tokens, mask & show) for tokens, mask in pieces]
-
-
-def flatten(pieces: Sequence[Piece], length: int | None = None) -> Piece:
-    """`pieces` concatenated into one piece, padded (hidden) to `length` tokens when given."""
-    tokens = jnp.concatenate([t for t, _ in pieces])
-    mask = jnp.concatenate([m for _, m in pieces])
-    if length is not None:
-        extra = length - tokens.shape[0]
-        tokens = jnp.pad(tokens, (0, extra), constant_values=vocab.PAD_ID)
-        mask = jnp.pad(mask, (0, extra), constant_values=False)
-    return tokens, mask
-
-
-def compose(pieces: Sequence[Piece], length: int) -> jax.Array:
-    """i32[length]: the shown tokens of `pieces` in order, right-padded with pad (cut at `length`)."""
-    tokens, mask = flatten(pieces)
-    return pack(tokens, mask, length, left=False)
+    return (jnp.concatenate([tokens, jnp.array([vocab.ID["nothing"]], jnp.int32)]),
+            jnp.concatenate([mask, ~jnp.any(show)[None]]))
 
 
 def pack(tokens: jax.Array, mask: jax.Array, length: int, left: bool) -> jax.Array:
@@ -82,3 +87,30 @@ def pack(tokens: jax.Array, mask: jax.Array, length: int, left: bool) -> jax.Arr
     slot = jnp.where(mask, slot, length)  # out of range: dropped
     packed = jnp.full((length,), vocab.PAD_ID, jnp.int32)
     return packed.at[slot].set(tokens.astype(jnp.int32), mode="drop")
+
+
+def render(fmt: jax.Array, entities: jax.Array, object_listing, room_listing, length: int) -> jax.Array:
+    """i32[length]: format `fmt` (i32[]) filled in.
+
+    entities: i32[5, 2] the (name word, number word) of each entity slot kind (row NO_ENTITY unused);
+    object_listing / room_listing: (tokens, mask) from `listing`.
+    """
+    phrases = jnp.asarray(PHRASE_IDS)[fmt]                                 # [4, W]
+    slots = jnp.asarray(ENTITY_SLOTS)[fmt]                                 # [2]
+    chosen = entities[slots]                                               # [2, 2]
+    width = max(object_listing[0].shape[0], room_listing[0].shape[0])
+
+    def widen(piece):
+        extra = width - piece[0].shape[0]
+        return (jnp.pad(piece[0], (0, extra), constant_values=vocab.PAD_ID),
+                jnp.pad(piece[1], (0, extra), constant_values=False))
+
+    (obj_tokens, obj_mask), (room_tokens, room_mask) = widen(object_listing), widen(room_listing)
+    kind = jnp.asarray(LISTING_SLOTS)[fmt]
+    list_tokens = jnp.where(kind == ROOM, room_tokens, obj_tokens)
+    list_mask = jnp.where(kind == ROOM, room_mask, obj_mask) & (kind != NO_LISTING)
+    entity_mask = jnp.broadcast_to((slots != NO_ENTITY)[:, None], (2, 2))
+    tokens = jnp.concatenate([phrases[0], chosen[0], phrases[1], chosen[1], phrases[2], list_tokens, phrases[3]])
+    mask = jnp.concatenate([phrases[0] != vocab.PAD_ID, entity_mask[0], phrases[1] != vocab.PAD_ID, entity_mask[1],
+                            phrases[2] != vocab.PAD_ID, list_mask, phrases[3] != vocab.PAD_ID])
+    return pack(tokens, mask, length, left=False)

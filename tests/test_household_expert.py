@@ -1,0 +1,121 @@
+"""Household expert and corpus through the jitted, vmapped environment (1024 episodes at once)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from derl_jax.domains.household import corpus as C
+from derl_jax.domains.household import env as household_env
+from derl_jax.domains.household import tasks as T
+from derl_jax.domains.household import vocab
+
+ENV = household_env.HouseholdEnv(max_turns=30)
+EPISODES = 1024
+
+
+@pytest.fixture(scope="module")
+def tasks() -> T.Task:
+    """1024 tasks: the train and test splits of every level, all six kinds at every level."""
+    parts = [part for level in T.LEVELS for part in T.level_splits(level, 5, 200, 150)]
+    everything = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
+    return everything.take(np.arange(EPISODES))
+
+
+def play(tasks: T.Task, seed: int, rate: float):
+    return jax.device_get(C.play(T.to_device(tasks), jax.random.PRNGKey(seed), jnp.float32(rate), ENV, C.DEFAULT_WINDOW))
+
+
+@pytest.fixture(scope="module")
+def expert_run(tasks):
+    return play(tasks, 0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tasks):
+    return play(tasks, 1, 0.25)
+
+
+def test_expert_solves_every_task_with_correct_tags(tasks, expert_run):
+    _, _, actions, episodes = expert_run
+    kinds = np.asarray(tasks.kind)
+    assert set(kinds[:350].tolist()) == set(kinds[350:700].tolist()) == set(range(6))
+    assert episodes["success"].shape == (EPISODES,)
+    assert np.all(episodes["success"] == 1.0), np.flatnonzero(episodes["success"] < 1)
+    mask = episodes["step_mask"]
+    assert np.all(episodes["step_scores"][mask] == 1.0)
+    assert np.all(episodes["valid"][mask] == 1.0)
+    np.testing.assert_array_equal(episodes["reward"].sum(axis=1), 1.0)
+    lengths = mask.sum(axis=1)
+    assert lengths.max() < ENV.max_turns and lengths.min() >= 3
+    assert np.all(mask == (np.arange(ENV.max_turns)[None] < lengths[:, None]))    # a prefix
+    # The first action is a plan, the last one completes the goal.
+    assert np.all(actions[:, 0, 0] == vocab.TAG_IDS[vocab.PLAN])
+
+
+def test_same_key_same_episodes(tasks, expert_run, mixed_run):
+    again = play(tasks, 1, 0.25)
+    for name, value in mixed_run[3].items():
+        np.testing.assert_array_equal(value, again[3][name], err_msg=name)
+    np.testing.assert_array_equal(mixed_run[0], again[0])
+
+
+def test_perturbed_expert_mixes_in_failures_and_the_turn_limit_ends_episodes(tasks, mixed_run):
+    episodes = mixed_run[3]
+    mask = episodes["step_mask"]
+    invalid = 1.0 - episodes["valid"][mask].mean()
+    assert 0.05 < invalid < 0.4
+    assert episodes["success"].mean() > 0.9                            # the expert recovers from detours
+    random_run = play(tasks, 2, 1.0)[3]
+    lengths = random_run["step_mask"].sum(axis=1)
+    failed = random_run["success"] == 0
+    assert failed.mean() > 0.9
+    assert np.all(lengths[failed] == ENV.max_turns)
+    assert 0.0 < random_run["step_scores"][random_run["step_mask"]].mean() < 0.5
+
+
+def test_vmapped_episodes_equal_step_by_step_episodes(tasks, mixed_run):
+    """Replay the mixed run's actions one step at a time with the unbatched jitted env."""
+    _, _, _, episodes = mixed_run
+    step, reset = jax.jit(ENV.step), jax.jit(ENV.reset)
+    kinds = np.asarray(tasks.kind)
+    chosen = [int(np.flatnonzero(kinds == k)[3]) for k in range(6)]
+    for index in chosen:
+        obs, state = reset(jax.random.PRNGKey(0), tasks.take(index))
+        np.testing.assert_array_equal(obs, episodes["obs"][index, 0])
+        for turn in range(ENV.max_turns):
+            obs, state, reward, done, info = step(state, episodes["actions"][index, turn])
+            np.testing.assert_array_equal(obs, episodes["obs"][index, turn + 1])
+            assert float(info["step_score"]) == episodes["step_scores"][index, turn]
+            assert float(info["valid"]) == episodes["valid"][index, turn]
+            assert float(reward) == episodes["reward"][index, turn]
+        assert float(state.success) == episodes["success"][index]
+
+
+def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
+    corpus = C.sft_corpus(tasks, seed=1, perturb_rate=0.25)
+    prompts, prompt_mask, actions, episodes = mixed_run
+    mask = episodes["step_mask"]
+    assert len(corpus) == int(mask.sum())
+    first_prompt, first_action = corpus[0]
+    description = np.asarray(tasks.description[0])
+    obs0 = episodes["obs"][0, 0]
+    expected = [vocab.BOS_ID, *description[description != vocab.PAD_ID], vocab.OBS_ID,
+                *obs0[obs0 != vocab.PAD_ID], vocab.ACT_ID]
+    assert first_prompt.tolist() == expected
+    assert first_action.tolist() == [t for t in actions[0, 0].tolist() if t != vocab.PAD_ID]
+    second_prompt, _ = corpus[1]
+    assert second_prompt[: len(expected) - 1].tolist() == expected[:-1]
+    assert second_prompt[len(expected) - 1 : len(expected) - 1 + len(first_action) + 1].tolist() == [
+        vocab.ACT_ID, *first_action.tolist()]
+    for prompt, action in corpus[:200]:
+        assert prompt[0] == vocab.BOS_ID and prompt[-1] == vocab.ACT_ID
+        assert vocab.PAD_ID not in prompt.tolist() and vocab.PAD_ID not in action.tolist()
+        assert len(prompt) <= prompts.shape[-1] and 1 <= len(action) <= ENV.action_length
+    tagged = np.mean([int(a[0]) in vocab.TAG_IDS for _, a in corpus])
+    assert 0.8 < tagged < 1.0                                          # random word strings are mixed in
+
+
+def test_sft_corpus_checks_its_rate(tasks):
+    with pytest.raises(ValueError, match="perturb_rate"):
+        C.sft_corpus(tasks, seed=0, perturb_rate=1.5)
