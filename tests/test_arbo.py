@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from derl_jax.config import ConfigError
+from derl_jax.expr.ast import primitive_indices
 from derl_jax.expr.canonical import canonical
 from derl_jax.expr.check import check_text
 from derl_jax.expr.parse import parse
@@ -230,3 +231,12 @@ def test_few_primitives_still_give_n_valid_proposals_and_update_checks_texts():
     records = [CandidateRecord(0, j, r.text, r.canonical, r.valid, r.reason, r.score, r.curves) for j, r in enumerate(records)]
     with pytest.raises(ValueError, match="not the texts this round proposed"):
         strategy.update(state, records, np.array([r.score for r in records], np.float32), plan)
+
+
+def test_a_flat_outcome_is_never_swapped_out():
+    stuck = TRAJECTORY.copy()
+    stuck[:, 0] = 0.0   # the outcome never moved
+    h = _history_with_incumbent("g1*(1+0.1*g3)", trajectory=stuck)
+    proposals, belief = prop.propose_structural(h, "exploit", jax.random.key(0), 6, NAMES)
+    assert any("g1 (correct) never moved" in d for d in belief.diagnoses)
+    assert all(0 in primitive_indices(parse(p.text, NAMES)) for p in proposals)

@@ -10,7 +10,8 @@ exploit (refine the incumbent): the incumbent is split into weighted terms
 
   flat       a primitive of the expression whose curve never moves (range < `FLAT_RANGE`):
              saturated (mean > 0.9: no signal left) -> drop its term; stuck low -> double its
-             weight, or swap in a primitive the expression does not use;
+             weight, or swap in a primitive the expression does not use (terms holding the
+             outcome primitive are never dropped, and the outcome is never swapped out);
   dominant   a non-outcome term carrying more than `DOMINANT_SHARE` of the reward (its mean
              |contribution| over training, evaluated on the primitives' mean curves) ->
              halve it, or anneal it with (1-u);
@@ -255,7 +256,7 @@ def exploit_edits(expr: Expr, diagnoses, names: Sequence[str], outcome: int) -> 
                 if not has_outcome[t]:
                     add(join_terms(terms[:t] + terms[t + 1:]), "drop_flat", f"drop {subject}'s term", 2.0)
                     add(with_term(t, weight=2 * weight), "boost_flat", f"double {subject}'s term", 2.0)
-                for j in unused:
+                for j in unused if i != outcome else ():  # the outcome itself is never swapped out
                     add(with_term(t, body=_replace_prim(body, i, _prim(j))), "swap_flat", f"swap {subject} for g{j + 1}", 2.0)
         elif kind == "dominant":
             t = int(subject)
