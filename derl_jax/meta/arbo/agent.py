@@ -272,7 +272,7 @@ def run_agent(backend: Any, workspace: Workspace, mode: str, *, seed: int, max_t
     while turns < max_turns and not workspace.done:
         turns += 1
         try:
-            reply = backend.chat(messages, tools, seed=seed * 1000 + turns)
+            reply = backend.chat(messages, tools, seed=(seed + turns) % 2**31)
         except BackendError as err:
             backend_errors += 1
             failures_in_row += 1

@@ -376,15 +376,19 @@ def _checked(text: str, names, outcome: int) -> str | None:
 
 
 def propose_structural(history: hist.History, mode: str, key, n: int, primitive_names: Sequence[str],
-                       outcome_index: int = 0, view: View = View()) -> tuple[list[hist.Proposal], hist.Belief]:
-    """n proposals for this round and the belief written with them (module docstring)."""
+                       outcome_index: int = 0, view: View = View(),
+                       avoid: Sequence[str] = ()) -> tuple[list[hist.Proposal], hist.Belief]:
+    """n proposals for this round and the belief written with them (module docstring).
+
+    avoid: canonical forms to treat as already seen (what an agent committed this round).
+    """
     if mode not in (EXPLORE, EXPLOIT):
         raise ValueError(f"propose_structural: mode must be {EXPLORE!r} or {EXPLOIT!r}, got {mode!r}")
     names = tuple(primitive_names)
     rng = key_rng(key)
     observations = view.observations(history)
     credit = update_credit(history, history.belief.notes.get("credit", {})) if view.belief else {}
-    seen = {o.canonical for o in observations if o.canonical}
+    seen = {o.canonical for o in observations if o.canonical} | set(avoid)
     best = max((o for o in observations if o.scored), key=lambda o: o.score, default=None)
     proposals: list[hist.Proposal] = []
     diagnoses_text: list[str] = []

@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from derl_jax.expr.canonical import canonical
+from derl_jax.expr.check import check_text
 from derl_jax.meta.arbo import history as hist
 from derl_jax.meta.arbo.proposer import View, propose_structural
 from derl_jax.meta.arbo.schedule import EXPLORE, Schedule, next_mode
@@ -94,23 +96,17 @@ class ArboStrategy(Strategy):
         if self.backend is not None:
             proposals, belief, stats = self._agent_round(state, agent_key, mode, n)
         if len(proposals) < n:
+            committed = [_canonical(p.text, self.primitive_names, self.outcome_index) for p in proposals]
             filled, structural_belief = propose_structural(
-                self._with_pending(state.history, proposals), mode, fill_key, n - len(proposals),
-                self.primitive_names, self.outcome_index, self.view)
+                state.history, mode, fill_key, n - len(proposals), self.primitive_names, self.outcome_index,
+                self.view, avoid=committed)
             proposals += filled
-            belief = belief if belief is not None and self.backend is not None else structural_belief
+            if self.backend is None:
+                belief = structural_belief  # with an agent, the belief is the agent's
         if not self.view.belief:
             belief = None
         plan = RoundPlan(mode, tuple(proposals), belief, stats)
         return [p.text for p in proposals], plan
-
-    def _with_pending(self, history: hist.History, committed: Sequence[hist.Proposal]) -> hist.History:
-        """The history as the filling proposer must see it: texts already committed count as seen."""
-        if not committed:
-            return history
-        pending = tuple(hist.Observation(-1, history.rounds, k, p.text, _canonical(p.text, self.primitive_names),
-                                         False, "pending", 0.0) for k, p in enumerate(committed))
-        return dataclasses.replace(history, observations=history.observations + pending)
 
     def _agent_round(self, state: ArboState, key: Any, mode: str, n: int):
         from derl_jax.meta.arbo.agent import run_agent
@@ -151,9 +147,6 @@ class ArboStrategy(Strategy):
         return state
 
 
-def _canonical(text: str, names: Sequence[str]) -> str | None:
-    from derl_jax.expr.canonical import canonical
-    from derl_jax.expr.check import check_text
-
-    tree, _ = check_text(text, names)
-    return canonical(tree) if tree is not None else None
+def _canonical(text: str, names: Sequence[str], outcome_index: int) -> str:
+    tree, _ = check_text(text, names, outcome_index=outcome_index)
+    return canonical(tree)  # committed texts passed check_text, so they parse
