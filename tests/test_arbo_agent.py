@@ -201,3 +201,23 @@ def test_local_backend_runs_the_tool_loop_in_process(tmp_path):
     outcome = run_agent(backend, workspace, "explore", seed=2, max_turns=2)
     assert outcome.turns == 2 and outcome.backend_errors == 0
     assert len(outcome.proposals) == sum(1 for p in outcome.proposals if check_text(p.text, NAMES)[1].ok)
+
+
+def test_agent_round_through_the_strategy_keeps_its_belief_and_lineage(tmp_path):
+    script = [completion(calls=[
+        ("write_belief", json.dumps({"diagnoses": "nothing evaluated yet", "next_steps": "try g1 with g3"})),
+        ("commit_candidate", '{"expression": "g1+0.5*g3", "note": "shaping"}'),
+        ("commit_candidate", '{"expression": "g1*(1+g2)"}')])]
+    with Replay(script) as server:
+        cfg = {"arbo": {"proposer": "agent", "agent": {"url": server.url}}}
+        strategy = make_strategy("arbo", cfg, None, NAMES, workdir=tmp_path)
+        state = strategy.init(jax.random.key(0))
+        texts, plan = strategy.propose(state, jax.random.key(1), 2)
+    assert texts == ["g1+0.5*g3", "g1*(1+g2)"] and plan.mode == "explore"
+    records = [CandidateRecord(0, j, t, t, True, None, 0.1 * (j + 1), {}) for j, t in enumerate(texts)]
+    state = strategy.update(state, records, np.array([0.1, 0.2], np.float32), plan)
+    saved = hist.load(tmp_path)
+    assert saved == state.history
+    assert saved.belief == hist.Belief(0, ("nothing evaluated yet",), ("try g1 with g3",))
+    assert [(e.operator, e.parent, e.note) for e in saved.lineage] == [("agent", None, "shaping"), ("agent", None, "")]
+    assert strategy.metrics(state)["agent_committed"] == 2 and strategy.metrics(state)["accepted"] == 1
