@@ -52,7 +52,8 @@ from derl_jax.models.transformer import init_params  # noqa: E402
 from derl_jax.parallel import make_mesh  # noqa: E402
 from derl_jax.rl import sft  # noqa: E402
 from derl_jax.rl.grpo import GRPOConfig  # noqa: E402
-from derl_jax.rl.inner import InnerConfig, make_inner_loop  # noqa: E402
+from derl_jax.rl.config import InnerConfig  # noqa: E402
+from derl_jax.rl.loop import make_inner_loop  # noqa: E402
 
 POLICY = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
           "head_dim": 16}

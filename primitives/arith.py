@@ -26,10 +26,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from derl_jax.domains.arith import ARITH_PRIMITIVES, BOX_CLOSE, BOX_OPEN, STEP_MARK, arith_tokenizer
+from derl_jax.models.tokenizers import CharTokenizer
 from primitives.registry import primitive
 
 __all__ = ["ARITH_PRIMITIVES", "correct", "boxed", "steps", "gold_anywhere"]
+
+# The arithmetic domain's characters (one token each) and its device primitives in g1..g4 order.
+ARITH_ALPHABET = "0123456789+-*=:;[]"
+STEP_MARK = ":"
+STEP_END = ";"
+BOX_OPEN = "["
+BOX_CLOSE = "]"
+ARITH_PRIMITIVES = ("correct", "boxed", "steps", "gold_anywhere")
+
+
+def arith_tokenizer() -> CharTokenizer:
+    """The arithmetic domain's tokenizer (pad 0, bos 1, eos 2, then `ARITH_ALPHABET`)."""
+    return CharTokenizer(ARITH_ALPHABET)
+
 
 _TOKENIZER = arith_tokenizer()
 EOS_ID = _TOKENIZER.eos_id

@@ -3,10 +3,12 @@
 import ast
 import dataclasses
 import itertools
+import os
 import re
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -400,3 +402,31 @@ def test_domain_config_errors():
     assert arith.make_arith_domain(dataclasses.replace(Cfg(), max_new_tokens=40)).train.size == 20
     with pytest.raises(ValueError, match="no field 'levels'"):
         arith.make_arith_domain({"seed": 0, "num_train": 2, "num_test": 2, "max_new_tokens": 40})
+
+
+def test_primitives_never_import_the_domains_package():
+    """Domains import primitives, never the other way round (no cycle between the packages)."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "primitives")
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(root, name), encoding="utf-8").read())
+            imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+            imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+            assert not [m for m in imported if m.startswith("derl_jax.domains")], name
+
+
+def test_arith_registers_itself_with_its_checks():
+    from derl_jax.config import ConfigError
+    from derl_jax.domains.registry import get_domain
+
+    spec = get_domain("arith")
+    cfg = ml_collections.ConfigDict({"domain": {"kind": "arith", "seed": 0, "num_train": 40, "num_test": 10,
+                                                "levels": (1,), "max_new_tokens": 14}})
+    spec.validate(cfg)
+    assert spec.primitive_names(cfg) == arith.ARITH_PRIMITIVES
+    domain = spec.build(cfg)
+    assert domain.primitive_names == arith.ARITH_PRIMITIVES and domain.rollout == "device"
+    assert domain.validation_metric == "correct" and domain.corpus is not None
+    cfg.domain.levels = (1, 9)
+    with pytest.raises(ConfigError, match="config.domain.levels"):
+        spec.validate(cfg)

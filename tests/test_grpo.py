@@ -3,6 +3,7 @@
 import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,7 +86,7 @@ def test_clipped_surrogate_symmetric_golden_numbers():
 def test_clipped_surrogate_asymmetric_epsilons():
     ratios = [[1.25, 1.35, 0.85, 0.95]]
     mask = jnp.ones((1, 4), bool)
-    eps = dict(eps_low=0.1, eps_high=0.3)
+    eps = dict(clip_low=0.1, clip_high=0.3)
     pos, frac_pos = grpo.clipped_surrogate(_logs(ratios), jnp.zeros((1, 4)), jnp.array([1.0]), mask, **eps)
     # A>0: upper clip at 1.3 binds only for 1.35; low ratios keep their own value.
     np.testing.assert_allclose(np.asarray(pos), [[-1.25, -1.3, -0.85, -0.95]], rtol=1e-5)
@@ -97,7 +98,7 @@ def test_clipped_surrogate_asymmetric_epsilons():
 
 
 def test_ratio_and_clip():
-    ratio, clipped = grpo.ratio_and_clip(_logs([[0.5, 1.0, 2.0]]), jnp.zeros((1, 3)), eps_low=0.1, eps_high=0.5)
+    ratio, clipped = grpo.ratio_and_clip(_logs([[0.5, 1.0, 2.0]]), jnp.zeros((1, 3)), clip_low=0.1, clip_high=0.5)
     np.testing.assert_allclose(np.asarray(ratio), [[0.5, 1.0, 2.0]], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(clipped), [[0.9, 1.0, 1.5]], rtol=1e-6)
 
@@ -214,7 +215,7 @@ def numpy_grpo_grad(w, batch, cfg):
     logp = np.log(np.take_along_axis(probs, tok[..., None], -1)[..., 0])
     ratio = np.exp(logp - np.asarray(batch["old_logp"], np.float64))
     adv = np.asarray(batch["advantages"], np.float64)[:, None]
-    clip_active = np.minimum(ratio * adv, np.clip(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high) * adv) < ratio * adv
+    clip_active = np.minimum(ratio * adv, np.clip(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high) * adv) < ratio * adv
     dloss_dlogp = np.where(clip_active, 0.0, -ratio * adv)
     d = np.asarray(batch["ref_logp"], np.float64) - logp
     dloss_dlogp = dloss_dlogp + cfg.kl_coef * (1.0 - np.exp(d))
@@ -234,13 +235,13 @@ def numpy_grpo_grad(w, batch, cfg):
 def test_one_sgd_step_matches_numpy_reference(loss_agg):
     cfg = grpo.GRPOConfig(
         optimizer="sgd", learning_rate=0.3, kl_coef=0.1, kl_kind="k3", loss_agg=loss_agg,
-        max_grad_norm=0.05, eps_low=0.1, eps_high=0.15,
+        max_grad_norm=0.05, clip_low=0.1, clip_high=0.15,
     )
     params, batch = make_batch(1, n=6, t=4, ratio_noise=0.3)
     # the off-policy noise makes some tokens clip; the reference must see that happen
     logp, _ = linear_softmax_logprobs(params, batch)
     _, frac = grpo.clipped_surrogate(
-        logp, batch["old_logp"], batch["advantages"], batch["mask"], eps_low=cfg.eps_low, eps_high=cfg.eps_high
+        logp, batch["old_logp"], batch["advantages"], batch["mask"], clip_low=cfg.clip_low, clip_high=cfg.clip_high
     )
     assert 0.0 < float(frac) < 1.0
     optimizer = grpo.make_optimizer(cfg)
@@ -348,3 +349,43 @@ def test_update_jits_and_vmaps_over_policies():
     for i, (p, _, m) in enumerate(singles):
         np.testing.assert_allclose(np.asarray(v_params["w"][i]), np.asarray(p["w"]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(float(v_metrics["loss"][i]), float(m["loss"]), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- with and without jit
+
+
+class PureFunctionVariants(chex.TestCase):
+    """The pure GRPO pieces give the reference numbers with and without `jax.jit`, and reject
+    wrongly shaped inputs at their boundary."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_group_advantages(self):
+        rewards = jnp.array([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+        adv = self.variant(functools.partial(grpo.group_advantages, group_size=4))(rewards)
+        expected = np.array([0.5, -0.5, -0.5, 0.5]) / (1 / math.sqrt(3) + 1e-6)
+        np.testing.assert_allclose(np.asarray(adv[:4]), expected, rtol=1e-6)
+        np.testing.assert_array_equal(np.asarray(adv[4:]), 0.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_one_sgd_step(self):
+        cfg = grpo.GRPOConfig(optimizer="sgd", learning_rate=0.3, kl_coef=0.1, max_grad_norm=None,
+                              clip_low=0.1, clip_high=0.15)
+        params, batch = make_batch(1, n=6, t=4, ratio_noise=0.3)
+        optimizer = grpo.make_optimizer(cfg)
+
+        def step(params, batch):
+            return grpo.grpo_update(params, optimizer.init(params), batch, jax.random.key(0),
+                                    linear_softmax_logprobs, optimizer, cfg)[0]
+
+        new_params = self.variant(step)(params, batch)
+        w = np.asarray(params["w"], np.float64)
+        expected = w - cfg.learning_rate * numpy_grpo_grad(w, batch, cfg)
+        np.testing.assert_allclose(np.asarray(new_params["w"]), expected, rtol=1e-4, atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_clipped_surrogate_rejects_misshaped_advantages(self):
+        logp = jnp.zeros((3, 4))
+        with self.assertRaises(AssertionError):
+            self.variant(grpo.clipped_surrogate)(logp, logp, jnp.zeros((4,)), jnp.ones((3, 4), bool))
+        with self.assertRaises(AssertionError):
+            self.variant(grpo.clipped_surrogate)(logp, jnp.zeros((3, 5)), jnp.zeros((3,)), jnp.ones((3, 4), bool))

@@ -1,4 +1,4 @@
-"""The inner loop (derl_jax.rl.inner): K GRPO policies under K reward programs in one call.
+"""The inner loop (derl_jax.rl.loop, derl_jax.rl.device_evaluator): K GRPO policies under K reward programs in one call.
 
 One K=3 training from the small SFT base policy (tests/test_sft.py) is shared by most
 tests: outcome only, outcome + format terms, and a program that is NaN everywhere.
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from derl_jax.expr import compile_expr, parse, stack_programs
-from derl_jax.rl import inner
+from derl_jax.rl import device_evaluator, placement, setup
+from derl_jax.rl.config import InnerConfig, inner_config, progress
 from derl_jax.rl.grpo import GRPOConfig
 from test_inner_sharding import INNER as TINY_INNER
 from test_inner_sharding import KEY as TINY_KEY
@@ -27,7 +28,7 @@ from test_sft import greedy_texts, reference_correct, small_base_policy
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 STEPS = 24
-INNER = inner.InnerConfig(steps=STEPS, prompts_per_step=8, group_size=4, max_new_tokens=28,
+INNER = InnerConfig(steps=STEPS, prompts_per_step=8, group_size=4, max_new_tokens=28,
                           grpo=GRPOConfig(learning_rate=3e-4), eval_batch_size=64)
 EXPRESSIONS = ("g1", "g1 + 0.5*g2*g3", "g1/(g2-g2)")
 ROLLOUTS = INNER.prompts_per_step * INNER.group_size
@@ -67,7 +68,7 @@ def base():
 
 @pytest.fixture(scope="module")
 def evaluator(base):
-    return inner.InnerEvaluator(base.domain, base.graphdef, INNER, compiler_options=FAST_COMPILE)
+    return device_evaluator.DeviceEvaluator(base.domain, base.graphdef, INNER, compiler_options=FAST_COMPILE)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
     domain, graphdef, params, programs, train, validation = tiny_setup()
     vmapped = tiny_unsharded_results()
     cfg = TINY_INNER.replace(chunk_size=chunk_size, kl_metric=kl_metric)
-    chunked = inner.InnerEvaluator(domain, graphdef, cfg, compiler_options=FAST_COMPILE)
+    chunked = device_evaluator.DeviceEvaluator(domain, graphdef, cfg, compiler_options=FAST_COMPILE)
     results = chunked.evaluate_candidates(programs, params, TINY_KEY, train, validation)
     assert np.all(vmapped.curves["grad_norm"].max(axis=1) > 0)
     np.testing.assert_allclose(results.scores, vmapped.scores, atol=1e-6)
@@ -166,13 +167,13 @@ def test_common_random_numbers_make_affine_equivalent_rewards_train_alike():
     # the two candidates train the same policy; with split keys they see different rollouts
     domain, graphdef, params, _, train, validation = tiny_setup()
     programs = programs_of(("g1 + g2", "2*(g1 + g2) + 1", "g1 + g2"), domain.primitive_names)
-    shared = inner.InnerEvaluator(domain, graphdef, TINY_INNER, compiler_options=FAST_COMPILE)
+    shared = device_evaluator.DeviceEvaluator(domain, graphdef, TINY_INNER, compiler_options=FAST_COMPILE)
     assert TINY_INNER.common_random_numbers
     together = shared.evaluate_candidates(programs, params, TINY_KEY, train, validation)
     assert_trees_close(row(together.params, 0), row(together.params, 1))
     np.testing.assert_allclose(together.curves["primitive/correct"][0], together.curves["primitive/correct"][1],
                                atol=1e-6)
-    split = inner.InnerEvaluator(domain, graphdef, TINY_INNER.replace(common_random_numbers=False),
+    split = device_evaluator.DeviceEvaluator(domain, graphdef, TINY_INNER.replace(common_random_numbers=False),
                                  compiler_options=FAST_COMPILE)
     apart = split.evaluate_candidates(programs, params, TINY_KEY, train, validation)
     assert not np.array_equal(apart.curves["response_length"][0], apart.curves["response_length"][2])
@@ -219,21 +220,21 @@ def test_map_candidates_chunks_keep_the_candidate_order():
         return {"sum": x["a"] * 10 + y, "pair": jnp.stack([x["a"], x["b"]])}
 
     xs = {"a": jnp.arange(6.0), "b": -jnp.arange(6.0)}
-    full = inner.map_candidates(fn, (0, None), 0, None)(xs, 1.0)
+    full = placement.map_candidates(fn, (0, None), 0, None)(xs, 1.0)
     for chunk in (1, 2, 3, 6):
-        chunked = jax.jit(inner.map_candidates(fn, (0, None), chunk, None))(xs, 1.0)
+        chunked = jax.jit(placement.map_candidates(fn, (0, None), chunk, None))(xs, 1.0)
         for name in full:
             np.testing.assert_array_equal(np.asarray(chunked[name]), np.asarray(full[name]))
     np.testing.assert_array_equal(np.asarray(full["sum"]), np.arange(6.0) * 10 + 1)
     with pytest.raises(ValueError, match="6 candidates do not split into chunks of chunk_size=4"):
-        inner.map_candidates(fn, (0, None), 4, None)(xs, 1.0)
+        placement.map_candidates(fn, (0, None), 4, None)(xs, 1.0)
 
 
 def test_padded_count():
-    assert [inner.padded_count(k, 0, 1) for k in (1, 2, 3)] == [1, 2, 3]
-    assert [inner.padded_count(k, 4, 1) for k in (1, 4, 5)] == [4, 4, 8]
-    assert [inner.padded_count(k, 0, 4) for k in (1, 3, 5)] == [4, 4, 8]
-    assert inner.padded_count(3, 8, 4) == 8
+    assert [placement.padded_count(k, 0, 1) for k in (1, 2, 3)] == [1, 2, 3]
+    assert [placement.padded_count(k, 4, 1) for k in (1, 4, 5)] == [4, 4, 8]
+    assert [placement.padded_count(k, 0, 4) for k in (1, 3, 5)] == [4, 4, 8]
+    assert placement.padded_count(3, 8, 4) == 8
 
 
 def test_bad_inputs_are_named(base, evaluator, programs):
@@ -251,7 +252,7 @@ def test_bad_inputs_are_named(base, evaluator, programs):
     with pytest.raises(ValueError, match="programs must be a stacked Program"):
         evaluator.evaluate_candidates(row(programs, 0), base.params, KEY, base.inner_train, base.validation)
     with pytest.raises(ValueError, match="one policy has ranks"):
-        inner.params_candidate_axis(base.graphdef, jax.tree_util.tree_map(lambda x: x[None, None], base.params))
+        placement.params_candidate_axis(base.graphdef, jax.tree_util.tree_map(lambda x: x[None, None], base.params))
 
 
 def test_inner_config_from_the_run_config():
@@ -259,47 +260,63 @@ def test_inner_config_from_the_run_config():
 
     cfg = arith_run_config()
     domain = make_arith_domain(cfg.domain)
-    built = inner.inner_config_from_run(cfg, domain)
+    built = inner_config(cfg, domain.max_new_tokens)
     assert (built.steps, built.prompts_per_step, built.group_size) == (cfg.inner.steps, cfg.inner.prompts_per_step,
                                                                       cfg.inner.group_size)
     assert built.grpo.learning_rate == cfg.inner.lr and built.grpo.kl_coef == cfg.inner.kl
-    assert built.grpo.group_size == cfg.inner.group_size
+    assert built.grpo.group_size == cfg.inner.group_size and built.final_steps == cfg.final.steps
     assert built.max_new_tokens == domain.max_new_tokens and built.chunk_size == cfg.inner.chunk_size
     assert built.common_random_numbers is cfg.inner.common_random_numbers
-    assert inner.inner_config_from_run(cfg, domain, steps=3).steps == 3
     cfg.inner.common_random_numbers = False
-    assert not inner.inner_config_from_run(cfg, domain).common_random_numbers
+    cfg.inner.clip_low, cfg.inner.clip_high, cfg.inner.max_grad_norm = 0.1, 0.3, 0.0
+    built = inner_config(cfg, domain.max_new_tokens)
+    assert not built.common_random_numbers
+    assert (built.grpo.clip_low, built.grpo.clip_high, built.grpo.max_grad_norm) == (0.1, 0.3, None)
     del cfg.inner["lr"]
-    with pytest.raises(ValueError, match="config.inner has no field 'lr'"):
-        inner.inner_config_from_run(cfg, domain)
+    with pytest.raises(ValueError, match="config.inner.lr is missing"):
+        inner_config(cfg, domain.max_new_tokens)
+
+
+def test_progress_is_exactly_zero_first_and_one_last():
+    for steps in (2, 3, 7, 24, 1000):
+        values = [progress(step, steps) for step in range(steps)]
+        assert values[0] == 0.0 and values[-1] == 1.0
+        assert all(b > a for a, b in zip(values, values[1:]))
+        traced = jax.jit(lambda s, n=steps: progress(s.astype(jnp.float32), n))
+        assert float(traced(jnp.int32(0))) == 0.0 and float(traced(jnp.int32(steps - 1))) == 1.0
+    assert progress(0, 1) == 0.0
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        progress(0, 0)
 
 
 def test_run_level_evaluator_and_base_policy(tmp_path, monkeypatch):
     import json
 
     from derl_jax.domains.arith import make_arith_domain
-    from derl_jax.meta.protocol import split_train
+    from derl_jax.domains.base import split_train
+    from derl_jax.models.transformer import abstract_model
     from derl_jax.rl import sft
 
     cfg = arith_run_config("smoke")
     domain = make_arith_domain(cfg.domain)
-    evaluator = inner.make_evaluator(domain, cfg)
+    graphdef, _ = abstract_model(sft.policy_model_config(domain, cfg.policy))
+    evaluator = setup.make_evaluator(domain, graphdef, cfg)
     assert evaluator.dispatch == "loop"  # "auto" on one CPU device
     assert evaluator.final_loop.cfg.steps == cfg.final.steps and evaluator.cfg.steps == cfg.inner.steps
     cfg.mesh.cand = 2
-    assert inner.make_evaluator(domain, cfg).dispatch == "batched"
+    assert setup.make_evaluator(domain, graphdef, cfg).dispatch == "batched"
     cfg.mesh.cand = 1
     cfg.inner.dispatch = "batched"
-    assert inner.make_evaluator(domain, cfg).dispatch == "batched"
+    assert setup.make_evaluator(domain, graphdef, cfg).dispatch == "batched"
 
     # the base policy's corpus leaves out exactly the validation rows of the run's split
-    rows = inner.validation_rows(domain.train.size, cfg.outer.split_seed)
+    rows = setup.validation_rows(domain.train.size, cfg.outer.split_seed)
     _, validation = split_train(domain.train, cfg.outer.split_seed)
     np.testing.assert_array_equal(np.asarray(domain.train.take(rows).prompts), np.asarray(validation.prompts))
     seen = []
     monkeypatch.setattr(sft, "train_sft", lambda g, p, data, c: (seen.append(data.size), (p, jnp.zeros(c.steps)))[1])
-    params = inner.base_policy(domain, cfg, tmp_path)
+    _, params = setup.base_policy(domain, cfg, tmp_path)
     assert seen == [domain.train.size - rows.size]
     (record,) = [json.load(open(path)) for path in (tmp_path / "base_policy").glob("*.json")]
     assert record["held_out_rows"] == rows.size and record["corpus_size"] == seen[0]
-    assert inner.params_candidate_axis(evaluator.graphdef, params) is None
+    assert placement.params_candidate_axis(evaluator.graphdef, params) is None

@@ -16,12 +16,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from derl_jax.expr import compile_expr, parse, stack_programs
 from derl_jax.models.transformer import param_partition_specs
 from derl_jax.parallel import make_mesh
-from derl_jax.rl import inner
+from derl_jax.rl import device_evaluator, loop, placement
+from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.grpo import GRPOConfig
 from test_sft import tiny_policy
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-INNER = inner.InnerConfig(steps=3, prompts_per_step=4, group_size=2, max_new_tokens=14,
+INNER = InnerConfig(steps=3, prompts_per_step=4, group_size=2, max_new_tokens=14,
                           grpo=GRPOConfig(learning_rate=1e-3), eval_batch_size=8)
 EXPRESSIONS = ("g1 + g2", "g3 - 0.5*g4", "max(g2, u)")
 KEY = jax.random.key(11)
@@ -40,7 +41,7 @@ def setup():
 @functools.lru_cache(maxsize=None)
 def unsharded_results():
     domain, graphdef, params, programs, train, validation = setup()
-    evaluator = inner.InnerEvaluator(domain, graphdef, INNER, compiler_options=FAST_COMPILE)
+    evaluator = device_evaluator.DeviceEvaluator(domain, graphdef, INNER, compiler_options=FAST_COMPILE)
     return evaluator.evaluate_candidates(programs, params, KEY, train, validation)
 
 
@@ -57,7 +58,7 @@ def assert_results_close(got, want):
 def test_sharded_candidates_equal_the_unsharded_run(mesh_shape, chunk_size):
     domain, graphdef, params, programs, train, validation = setup()
     mesh = make_mesh(*mesh_shape)
-    evaluator = inner.InnerEvaluator(domain, graphdef, INNER.replace(chunk_size=chunk_size), mesh=mesh,
+    evaluator = device_evaluator.DeviceEvaluator(domain, graphdef, INNER.replace(chunk_size=chunk_size), mesh=mesh,
                                      compiler_options=FAST_COMPILE)
     results = evaluator.evaluate_candidates(programs, params, KEY, train, validation)
     assert results.scores.shape == (3,)
@@ -68,7 +69,7 @@ def test_sharded_candidates_equal_the_unsharded_run(mesh_shape, chunk_size):
     # the trained stack stays on the mesh: candidates over 'cand', weights over 'model'
     stacked, metrics, count = evaluator.train_candidates(evaluator.search_loop, programs, params, KEY, train)
     assert count == 3
-    padded = inner.padded_count(3, chunk_size, mesh_shape[0])
+    padded = placement.padded_count(3, chunk_size, mesh_shape[0])
     for leaf in jax.tree_util.tree_leaves(metrics):
         assert leaf.shape[0] == padded
         assert leaf.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec("cand")), leaf.ndim)
@@ -86,6 +87,6 @@ def test_sharded_candidates_equal_the_unsharded_run(mesh_shape, chunk_size):
 def test_a_chunk_size_that_the_cand_axis_does_not_divide_is_rejected():
     domain, graphdef, *_ = setup()
     with pytest.raises(ValueError, match="chunk_size=2 must be a multiple of the 'cand' mesh axis size 4"):
-        inner.InnerEvaluator(domain, graphdef, INNER.replace(chunk_size=2), mesh=make_mesh(4, 2, 1))
+        device_evaluator.DeviceEvaluator(domain, graphdef, INNER.replace(chunk_size=2), mesh=make_mesh(4, 2, 1))
     with pytest.raises(ValueError, match="6 rollouts per step do not split over the 'data' mesh axis of size 4"):
-        inner.make_inner_loop(domain, graphdef, INNER.replace(prompts_per_step=3), make_mesh(2, 4, 1))
+        loop.make_inner_loop(domain, graphdef, INNER.replace(prompts_per_step=3), make_mesh(2, 4, 1))

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fixtures_math as fx
+from derl_jax.rl import host_pool
 from primitives import math as pm
 from primitives import registry
 
@@ -235,7 +236,7 @@ def test_runner_equals_direct_calls_sync_and_async():
         expected,
         [[1, 0, 1, 0], [1, 1, 1, 1], [0, 1, 0, 1], [0, 1, 0, 1], [1, 0, 0, 1]],
     )
-    with pm.HostPrimitiveRunner(prims, num_workers=3) as runner:
+    with host_pool.HostPrimitiveRunner(prims, num_workers=3) as runner:
         values = runner.run(texts, contexts)
         assert values.dtype == np.float32 and values.shape == (5, 4)
         np.testing.assert_array_equal(values, expected)
@@ -249,8 +250,8 @@ def test_runner_equals_direct_calls_sync_and_async():
 def test_runner_rejects_bad_primitives():
     device = registry.Primitive("dev", lambda rollout, context: rollout, "device", "math")
     with pytest.raises(ValueError, match="not of kind 'host'"):
-        pm.HostPrimitiveRunner([device])
+        host_pool.HostPrimitiveRunner([device])
     wrong_shape = registry.Primitive("pair", lambda texts, contexts: np.zeros((len(texts), 2)), "host", "math")
-    with pm.HostPrimitiveRunner([wrong_shape], num_workers=1) as runner:
+    with host_pool.HostPrimitiveRunner([wrong_shape], num_workers=1) as runner:
         with pytest.raises(ValueError, match="'pair' returned shape \\(3, 2\\), expected \\(3,\\)"):
             runner.run(["a", "b", "c"], ctx("1", "2", "3"))

@@ -1,5 +1,6 @@
 """KV-cache sampling against uncached references; constraints; teacher-forced log-probs."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +18,10 @@ PAD = 0
 
 @pytest.fixture(scope="module")
 def model():
+    return _model()
+
+
+def _model():
     config = tr.tiny_config(VOCAB, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                             num_kv_heads=2, rope_theta=100.0, max_position=64)
     graphdef, abstract = tr.abstract_model(config)
@@ -29,6 +34,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def batch():
+    return _batch()
+
+
+def _batch():
     """Three prompts of 6, 4 and 2 real tokens, left padded with junk (not PAD) to Tp = 6."""
     rng = np.random.default_rng(1)
     real = [rng.integers(1, VOCAB, n) for n in (6, 4, 2)]
@@ -283,3 +292,32 @@ def test_bad_arguments_are_named(model, batch):
                   constraint=sm.AllowedTokens(jnp.ones((VOCAB + 1,), bool)))
     with pytest.raises(ValueError, match="completion_mask shape"):
         sm.sequence_logprobs(graphdef, params, prompts, mask, jnp.zeros((3, 4), jnp.int32), jnp.ones((3, 5), bool))
+
+
+class SampleAndScoreVariants(chex.TestCase):
+    """`sample` and `sequence_logprobs` give the reference numbers with and without `jax.jit`."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_greedy_tokens_and_their_logprobs(self):
+        _, graphdef, params = _model()
+        real, prompts, mask = _batch()
+
+        def greedy_then_score(params, prompts, mask):
+            out = sm.sample(graphdef, params, prompts, mask, jax.random.key(0), max_new_tokens=MAX_NEW, eos_id=NEVER,
+                            pad_id=PAD, greedy=True)
+            logp, _ = sm.sequence_logprobs(graphdef, params, prompts, mask, out.tokens, out.mask)
+            return out.tokens, logp
+
+        tokens, logp = self.variant(greedy_then_score)(params, prompts, mask)
+        chex.assert_shape([tokens, logp], (3, MAX_NEW))
+        for row, prompt in enumerate(real):
+            want_tokens, want_logp = _greedy_reference(graphdef, params, prompt, MAX_NEW)
+            np.testing.assert_array_equal(np.asarray(tokens[row]), want_tokens)
+            np.testing.assert_allclose(np.asarray(logp[row]), want_logp, atol=2e-5)
+
+    def test_float_prompts_are_rejected(self):
+        _, graphdef, params = _model()
+        _, prompts, mask = _batch()
+        with self.assertRaises(AssertionError):
+            sm.sample(graphdef, params, prompts.astype(jnp.float32), mask, jax.random.key(0), max_new_tokens=2,
+                      eos_id=NEVER, pad_id=PAD)

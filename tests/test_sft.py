@@ -22,7 +22,7 @@ import pytest
 from derl_jax.domains.arith import BOX_CLOSE, BOX_OPEN, make_arith_domain
 from derl_jax.models.sampling import sample_jit
 from derl_jax.models.transformer import apply, init_params
-from derl_jax.rl import inner, sft
+from derl_jax.rl import sft, setup
 
 SMALL_DOMAIN = {"seed": 0, "num_train": 300, "num_test": 60, "levels": (1, 2), "max_new_tokens": 28}
 # Half of the stepwise solutions in the corpus leave the answer unboxed, so the base policy
@@ -66,7 +66,7 @@ class BaseSetup:
 def small_base_policy() -> BaseSetup:
     """The small base policy, built by `sft.base_policy` in a fresh temporary cache."""
     domain = make_arith_domain(SMALL_DOMAIN)
-    rows = inner.validation_rows(domain.train.size, SPLIT_SEED)
+    rows = setup.validation_rows(domain.train.size, SPLIT_SEED)
     cache_dir = tempfile.mkdtemp(prefix="derl_sft_test_")
     atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
     graphdef, params = sft.base_policy(domain, SMALL_POLICY, cache_dir, seed=0, holdout_rows=rows)
@@ -184,7 +184,7 @@ def test_corpus_leaves_out_held_out_rows_and_adds_only_fresh_problems():
     domain = make_arith_domain({"seed": 3, "num_train": 40, "num_test": 20, "levels": (1, 2), "max_new_tokens": 28})
     train, test = domain.info["train_problems"], domain.info["test_problems"]
     held_out = [0, 5, 7, 39]
-    corpus = sft.domain_corpus(domain, 0, held_out, extra_problems=25)
+    corpus = sft.domain_corpus(domain, 0, held_out, {"sft_extra_problems": 25})
     prompts = [prompt for prompt, _ in corpus]
     assert len(corpus) == 40 - len(held_out) + 25
     kept = [p.prompt for row, p in enumerate(train) if row not in held_out]
@@ -195,8 +195,31 @@ def test_corpus_leaves_out_held_out_rows_and_adds_only_fresh_problems():
     with pytest.raises(ValueError, match="holdout_rows \\[40\\] are outside the 40 training rows"):
         sft.domain_corpus(domain, 0, [40])
     level_one = make_arith_domain({"seed": 3, "num_train": 200, "num_test": 50, "levels": (1,), "max_new_tokens": 14})
-    with pytest.raises(ValueError, match="extra_problems=10 fresh problems do not exist"):
-        sft.domain_corpus(level_one, 0, extra_problems=10)
+    with pytest.raises(ValueError, match="sft_extra_problems=10: that many fresh problems do not exist"):
+        sft.domain_corpus(level_one, 0, (), {"sft_extra_problems": 10})
+
+
+def test_a_domain_without_a_corpus_cannot_be_warm_started(tmp_path):
+    import dataclasses
+
+    domain = dataclasses.replace(make_arith_domain(TINY_DOMAIN), name="plain", corpus=None)
+    with pytest.raises(ValueError, match="domain 'plain' provides no supervised corpus"):
+        sft.base_policy(domain, TINY_POLICY, tmp_path, seed=0)
+    # without SFT steps the random initialisation is the base policy, no corpus needed
+    graphdef, params = sft.base_policy(domain, {**TINY_POLICY, "sft_steps": 0}, tmp_path, seed=0)
+    _, expected = init_params(sft.policy_model_config(domain, TINY_POLICY), jax.random.key(0))
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_any_domain_with_a_corpus_gets_a_warm_started_policy(tmp_path, counting_trainer):
+    import dataclasses
+
+    pairs = [("1+1=", "[2]"), ("2+2=", "[4]"), ("3+3=", "[6]")]
+    domain = dataclasses.replace(make_arith_domain(TINY_DOMAIN), name="pairs",
+                                 corpus=lambda seed, rows, options: pairs[: 3 - len(rows)])
+    sft.base_policy(domain, TINY_POLICY, tmp_path, seed=0, holdout_rows=[0])
+    assert counting_trainer[-1]["examples"] == 2
 
 
 # ----------------------------------------------------------------------------- cache

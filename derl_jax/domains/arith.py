@@ -37,6 +37,7 @@ Config fields (`default_arith_config()`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import types
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -45,20 +46,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from derl_jax.domains.base import TokenDataset, TokenDomain
+from derl_jax.config import int_at_least, int_tuple
+from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains.registry import DomainSpec, register_domain
 from derl_jax.models.tokenizers import CharTokenizer
 from primitives import registry
+from primitives.arith import (ARITH_ALPHABET, ARITH_PRIMITIVES, BOX_CLOSE, BOX_OPEN, STEP_END, STEP_MARK,  # noqa: F401
+                              arith_tokenizer)
 
-ARITH_ALPHABET = "0123456789+-*=:;[]"
 OPERATORS = "+-*"
-STEP_MARK = ":"
-STEP_END = ";"
-BOX_OPEN = "["
-BOX_CLOSE = "]"
 MAX_VALUE = 999
 ANSWER_WIDTH = len(str(MAX_VALUE))
-# Device primitives of the domain in g1..g4 order (implemented in primitives/arith.py).
-ARITH_PRIMITIVES = ("correct", "boxed", "steps", "gold_anywhere")
 
 REFERENCE_STYLES = ("steps", "no_steps", "no_box", "wrong_step", "plain")
 DEFAULT_SFT_MIX = types.MappingProxyType(
@@ -67,11 +65,6 @@ DEFAULT_SFT_MIX = types.MappingProxyType(
 
 _MAX_ATTEMPTS_PER_PROBLEM = 20_000
 _ENUMERATE_UP_TO = 50_000
-
-
-def arith_tokenizer() -> CharTokenizer:
-    """The domain's tokenizer (pad 0, bos 1, eos 2, then `ARITH_ALPHABET`)."""
-    return CharTokenizer(ARITH_ALPHABET)
 
 
 # ----------------------------------------------------------------------------- problems
@@ -385,8 +378,9 @@ def _field(cfg: Any, name: str) -> Any:
         raise ValueError(f"make_arith_domain: config has no field {name!r}") from None
 
 
-def make_arith_domain(cfg: Any) -> TokenDomain:
-    """The arithmetic TokenDomain from a ConfigDict, dict or dataclass with the documented fields."""
+def make_arith_domain(cfg: Any) -> Domain:
+    """The arithmetic Domain from a ConfigDict, dict or dataclass with the documented fields
+    (a run config's `domain` block)."""
     seed, num_train, num_test = int(_field(cfg, "seed")), int(_field(cfg, "num_train")), int(_field(cfg, "num_test"))
     levels = check_levels(_field(cfg, "levels"), "make_arith_domain")
     max_new_tokens = int(_field(cfg, "max_new_tokens"))
@@ -401,7 +395,7 @@ def make_arith_domain(cfg: Any) -> TokenDomain:
         )
     tokenizer = arith_tokenizer()
     length = prompt_length(levels)
-    return TokenDomain(
+    domain = Domain(
         name="arith",
         primitives=registry.resolve("arith", ARITH_PRIMITIVES),
         outcome_index=0,
@@ -419,3 +413,51 @@ def make_arith_domain(cfg: Any) -> TokenDomain:
             "test_problems": tuple(test),
         },
     )
+    return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                      ) -> list[tuple[str, str]]:
+    """(prompt, completion) texts of the warm-start corpus (the domain's `corpus`).
+
+    The problems are the training split's rows except `holdout_rows` (the validation rows),
+    followed by `options.sft_extra_problems` (default 0) fresh problems of the domain's levels
+    whose texts are in neither the training nor the test split (drawn with `seed`).
+    `options.sft_mix`: style weights of the completions (default `DEFAULT_SFT_MIX`).
+    """
+    options = {} if options is None else options
+    extra = int(options.get("sft_extra_problems", 0))
+    mix = options.get("sft_mix", None)
+    train, test = domain.info["train_problems"], domain.info["test_problems"]
+    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    outside = sorted(row for row in held_out if not 0 <= row < len(train))
+    if outside:
+        raise ValueError(f"arith corpus: holdout_rows {outside[:5]} are outside the {len(train)} training rows")
+    if extra < 0:
+        raise ValueError(f"config.policy.sft_extra_problems must be >= 0, got {extra}")
+    problems = [problem for row, problem in enumerate(train) if row not in held_out]
+    if extra:
+        taken = {problem.text for problem in (*train, *test)}
+        try:
+            pool = make_problems(seed + 1, extra + len(taken), domain.info["levels"])
+        except ValueError as err:
+            raise ValueError(
+                f"config.policy.sft_extra_problems={extra}: that many fresh problems do not exist besides the "
+                f"{len(taken)} train/test problems of levels {domain.info['levels']}: {err}") from None
+        problems += [problem for problem in pool if problem.text not in taken][:extra]
+    if not problems:
+        raise ValueError("arith corpus: no problems are left for the supervised corpus")
+    return sft_corpus(problems, seed, DEFAULT_SFT_MIX if mix is None else dict(mix))
+
+
+def validate_arith_config(cfg: Any) -> None:
+    """Raise ConfigError naming the first bad field of `config.domain` for arithmetic."""
+    int_at_least(cfg, "domain.seed", 0)
+    int_at_least(cfg, "domain.num_train", 5)
+    int_at_least(cfg, "domain.num_test", 1)
+    int_tuple(cfg, "domain.levels", minimum=1, allowed=sorted(LEVELS))
+    int_at_least(cfg, "domain.max_new_tokens", 2)
+
+
+register_domain(DomainSpec(name="arith", build=lambda cfg: make_arith_domain(cfg.domain),
+                           primitive_names=lambda cfg: ARITH_PRIMITIVES, validate=validate_arith_config))

@@ -1,8 +1,10 @@
 """What a domain provides to the inner and outer loops.
 
 A domain names its data splits, how prompts are encoded, its ordered primitive list
-(`g1`..`gk`), how a rollout is produced (single-turn token sampling or a multi-turn
-episode) and its validation metric. Token domains keep every split as fixed-shape arrays so
+(`g1`..`gk`), how a rollout is produced (single-turn sampling scored on device or on the
+host, or multi-turn episodes against an environment), its validation metric and the
+supervised corpus of its warm-start policy. A domain module registers a builder under its
+name (`derl_jax.domains.registry`). Token domains keep every split as fixed-shape arrays so
 the whole inner loop can run under `jit`.
 
 Shapes: M examples, Tp prompt tokens (left padded), N rollouts in a batch, T generated tokens.
@@ -54,15 +56,38 @@ class TokenDataset:
         return self.take(np.sort(order[:cut])), self.take(np.sort(order[cut:]))
 
 
-@dataclasses.dataclass(frozen=True)
-class TokenDomain:
-    """A single-turn token domain whose primitives are all device primitives.
+ROLLOUT_KINDS = ("device", "host", "env")
+INNER_TRAIN_FRACTION = 0.8  # the outer loop's 8:2 cut of the training split into inner-train and validation
 
-    primitives: ordered; the i-th is `g{i+1}` in reward expressions.
-    outcome_index: which primitive is task success (the validation metric and `outcome`).
-    train, test: the domain's splits; the outer loop cuts validation out of `train` itself.
-    Device primitives receive rollout = {"tokens": i32[N, T], "mask": bool[N, T]} (generated
-    tokens, mask True up to and including EOS) and the matching rows of the split's context.
+
+def split_train(train_set: TokenDataset, seed: int) -> tuple[TokenDataset, TokenDataset]:
+    """(inner-training split, validation split): an 8:2 shuffle-and-cut of `train_set` with `seed`."""
+    return train_set.split(INNER_TRAIN_FRACTION, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """Everything the inner and outer loops need from a domain (no model).
+
+    name: the registry name. primitives: ordered; the i-th is `g{i+1}` in reward expressions.
+    outcome_index: the primitive that is task success: the validation metric (greedy pass@1)
+      and `outcome`.
+    train, test: the splits; the outer loop cuts validation out of `train` itself.
+    tokenizer: encode_batch / decode_batch over the domain's vocabulary; eos_id, pad_id.
+    max_new_tokens: T, tokens per completion (multi-turn: per action).
+    rollout: how rollouts are produced (`derl_jax.rl.rollout`):
+      "device" single-turn sampling, device primitives read rollout = {"tokens": i32[N, T],
+               "mask": bool[N, T]} (mask True up to and including EOS) and the split's context rows;
+      "host"   single-turn sampling, host primitives read decoded texts and `contexts(dataset)`;
+      "env"    multi-turn episodes against `env` (`derl_jax.domains.env`); prompts hold the
+               task, then the last `history` actions and observations; primitives read
+               step_scores f32[N, S], step_mask bool[N, S], success f32[N].
+    stop_ids: tokens that end a completion (default: eos only). bucket_sizes: allowed prompt
+      lengths for host rollouts (() = the split's width).
+    corpus: optional `corpus(seed, holdout_rows, options) -> [(prompt text, completion text)]`,
+      the supervised corpus of the warm-start base policy (`derl_jax.rl.sft`); holdout_rows
+      are training rows to leave out, options the `config.policy` block.
+    info: anything else worth recording (split sizes, levels, ...).
     """
 
     name: str
@@ -74,14 +99,46 @@ class TokenDomain:
     max_new_tokens: int
     eos_id: int
     pad_id: int
+    rollout: str = "device"
+    stop_ids: tuple[int, ...] = ()
+    bucket_sizes: tuple[int, ...] = ()
+    env: Any = None
+    history: int = 2
+    corpus: Callable[[int, Sequence[int], Any], list[tuple[str, str]]] | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.rollout not in ROLLOUT_KINDS:
+            raise ValueError(f"domain {self.name!r}: rollout must be one of {ROLLOUT_KINDS}, got {self.rollout!r}")
+        kind = "host" if self.rollout == "host" else "device"
+        check_primitive_kinds(self.primitives, kind, f"domain {self.name!r}")
+        if not 0 <= self.outcome_index < len(self.primitives):
+            raise ValueError(f"domain {self.name!r}: outcome_index {self.outcome_index} is not one of its "
+                             f"{len(self.primitives)} primitives")
+        if self.rollout == "env" and (self.env is None or self.history < 1):
+            raise ValueError(f"domain {self.name!r}: rollout 'env' needs an env and history >= 1")
+        if not self.stop_ids:
+            object.__setattr__(self, "stop_ids", (int(self.eos_id),))
 
     @property
     def primitive_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.primitives)
 
+    @property
+    def prompt_length(self) -> int:
+        """Tokens of the longest prompt the policy sees (multi-turn: task plus history)."""
+        width = max(int(self.train.prompts.shape[1]), int(self.test.prompts.shape[1]))
+        if self.rollout == "env":
+            width += self.history * (int(self.env.action_length) + int(self.env.obs_length))
+        return width
+
+    @property
+    def validation_metric(self) -> str:
+        """The name of the primitive greedy pass@1 is measured with."""
+        return self.primitives[self.outcome_index].name
+
     def primitive_values(self, rollout: Mapping[str, jax.Array], context: Mapping[str, jax.Array]) -> jax.Array:
-        """f32[N, P]: every primitive on every rollout (jit-compatible)."""
+        """f32[N, P]: every (device) primitive on every rollout (jit-compatible)."""
         cols = [jnp.asarray(p.fn(rollout, context), jnp.float32) for p in self.primitives]
         return jnp.stack(cols, axis=-1)
 
@@ -89,8 +146,17 @@ class TokenDomain:
         """f32[N]: the validation metric of each rollout (the outcome primitive)."""
         return jnp.asarray(self.primitives[self.outcome_index].fn(rollout, context), jnp.float32)
 
+    def contexts(self, dataset: TokenDataset) -> list[dict[str, Any]]:
+        """Per row of `dataset`, the context host primitives read (default: each context array's row)."""
+        host = {name: np.asarray(jax.device_get(value)) for name, value in dataset.context.items()}
+        return [{name: value[row] for name, value in host.items()} for row in range(dataset.size)]
+
+
+TokenDomain = Domain
+
 
 def check_primitive_kinds(prims: Sequence[Primitive], kind: str, where: str) -> None:
+    """Raise naming the primitives of `prims` that are not of `kind`."""
     wrong = [p.name for p in prims if p.kind != kind]
     if wrong:
         raise ValueError(f"{where}: primitives {wrong} are not of kind {kind!r}")

@@ -1,7 +1,7 @@
 """GSM8K / MATH with a Qwen2.5 policy: the mathematical-reasoning domain (host primitives).
 
-    run = build_domain_and_evaluator(cfg, workdir)   # MathRun(domain, base_params, evaluator)
-    domain = make_math_domain(cfg)                   # data, prompts, primitives only
+    domain = make_math_domain(cfg)                   # data, prompts, primitives (registered as "math")
+    base_params, evaluator = derl_jax.rl.setup.build_inner(domain, cfg, workdir)   # policy and inner loop
 
 Data (`config.data`): `train` and `test` are data specs of `derl_jax.domains.math_data`
 (`math:/data/MATH/train.jsonl`, `gsm8k:/data/gsm8k/test.parquet`, `tfds:gsm8k:train`, ...);
@@ -33,14 +33,10 @@ gold_anywhere, with the Appendix F.3 ablations from `config.domain.remove_primit
 `reverse_primitives`; `correct` is the validation metric. Answer equivalence runs in the
 `AnswerChecker` worker processes with `config.domain.answer_timeout_s` per check.
 
-Policy (`config.policy`): `checkpoint` is a local Hugging Face Qwen2/Qwen2.5 directory; when
-it is empty a random Qwen2-shaped policy of the `policy.*` sizes is drawn (benchmarks and
-smoke runs without a checkpoint). `param_dtype`, `compute_dtype` ("" = float32 on CPU,
-bfloat16 on accelerators) and `remat` set numerics and memory.
-
-Devices (`config.mesh`): axes (cand, data, model). Explicit sizes use the first
-cand*data*model devices; one size may be -1 to take all devices. See
-`derl_jax.rl.host_inner` for how the axes are used.
+Policy (`config.policy`) and devices (`config.mesh`) are built by `derl_jax.rl.setup` as
+for every domain: `checkpoint` is a local Hugging Face Qwen2/Qwen2.5 directory; when it is
+empty a random policy of the `policy.*` sizes is drawn (benchmarks and smoke runs without a
+checkpoint). See `derl_jax.rl.host_loop` for how the mesh axes are used.
 
 Tiny assets for a CPU smoke run (`configs/math.py:tiny`):
 
@@ -51,31 +47,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import warnings
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from derl_jax.domains.base import TokenDataset, check_primitive_kinds
+from derl_jax.config import ConfigError
+from derl_jax.domains.base import Domain, TokenDataset, check_primitive_kinds
+from derl_jax.domains.registry import DomainSpec, register_domain
 from derl_jax.domains.math_data import MathDataError, MathExample, load_mixture
 from derl_jax.models.hf_tokenizer import HFTokenizer, math_prompt
 from primitives import registry
 from primitives.math import DOMAIN as MATH_PRIMITIVE_DOMAIN
-from primitives.math import OUTCOME, configure_answer_checker, math_primitive_names
+from primitives.math import MATH_PRIMITIVES, OUTCOME, configure_answer_checker, math_primitive_names
 from primitives.registry import Primitive
 
 MATH_DOMAIN_KIND = "math"
 MATH_LEVELS = (1, 2, 3, 4, 5)
 OVERLONG_CHOICES = ("drop", "error")
-DOMAIN_INFO_FILE = "math_domain.json"
 _LEVEL_NUMBER = re.compile(r"level\s*(\d+)", re.IGNORECASE)
 
 
-class MathConfigError(ValueError):
+class MathConfigError(ConfigError):
     """A config value of the math domain is missing or out of range; the message names it."""
 
 
@@ -83,36 +79,17 @@ class MathConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class MathDomain:
-    """A single-turn token domain whose primitives are host functions of decoded text.
+class MathDomain(Domain):
+    """The math Domain (rollout kind "host": primitives of decoded text).
 
-    primitives: ordered host primitives (`g1..gk`); outcome_index: the `correct` primitive.
     train, test: TokenDatasets (prompts i32[M, Tp] left padded, prompt_mask bool[M, Tp],
       context {"example": i32[M]} indices into `answers`).
     answers: gold answer of every loaded example (train first, then test).
     questions: the problem text of every loaded example, in the same order.
-    stop_ids: tokens that end a completion (eos first); `eos_id`, `pad_id` as the tokenizer's.
-    bucket_sizes: allowed prompt lengths (sorted), the last one the longest prompt allowed.
     """
 
-    name: str
-    primitives: tuple[Primitive, ...]
-    outcome_index: int
-    train: TokenDataset
-    test: TokenDataset
-    tokenizer: Any
-    max_new_tokens: int
-    eos_id: int
-    pad_id: int
-    stop_ids: tuple[int, ...]
-    answers: tuple[str, ...]
-    questions: tuple[str, ...]
-    bucket_sizes: tuple[int, ...]
-    info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def primitive_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.primitives)
+    answers: tuple[str, ...] = ()
+    questions: tuple[str, ...] = ()
 
     def example_indices(self, dataset: TokenDataset) -> np.ndarray:
         """i64[M]: the global example index of every row of `dataset`."""
@@ -126,14 +103,6 @@ class MathDomain:
     def contexts(self, dataset: TokenDataset) -> list[dict[str, str]]:
         """Per row of `dataset`, the context host primitives read: {"answer": gold answer}."""
         return [{"answer": self.answers[i]} for i in self.example_indices(dataset)]
-
-
-class MathRun(NamedTuple):
-    """What a run of the math domain needs: the domain, the base policy, the evaluator."""
-
-    domain: MathDomain
-    base_params: Any
-    evaluator: Any
 
 
 # ----------------------------------------------------------------------------- config
@@ -386,7 +355,7 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
         "test_prompt_length": int(test.prompts.shape[1]),
     }
     return MathDomain(
-        name=str(getattr(cfg, "name", MATH_DOMAIN_KIND)),
+        name=MATH_DOMAIN_KIND,
         primitives=prims,
         outcome_index=[p.name for p in prims].index(OUTCOME),
         train=train,
@@ -395,6 +364,7 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
         max_new_tokens=int(cfg.domain.max_new_tokens),
         eos_id=tokenizer.eos_id,
         pad_id=tokenizer.pad_id,
+        rollout="host",
         stop_ids=tuple(tokenizer.stop_ids),
         answers=tuple(e.answer for e in kept),
         questions=tuple(e.question for e in kept),
@@ -403,79 +373,16 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
     )
 
 
-# ----------------------------------------------------------------------------- policy and run
+def configured_primitive_names(cfg: Any) -> tuple[str, ...]:
+    """The ordered primitive names of a math config (ablations applied; loads no data)."""
+    domain = cfg.domain
+    remove = tuple(domain.get("remove_primitives", ())) if hasattr(domain, "get") else ()
+    reverse = tuple(domain.get("reverse_primitives", ())) if hasattr(domain, "get") else ()
+    return math_primitive_names(remove, reverse) if (remove or reverse) else MATH_PRIMITIVES
 
 
-def mesh_from_config(cfg: Any, devices: Sequence[Any] | None = None):
-    """The ('cand', 'data', 'model') mesh of `config.mesh` (module docstring: which devices)."""
-    from derl_jax.parallel import make_mesh
-
-    sizes = [int(_field(cfg, f"mesh.{axis}")) for axis in ("cand", "data", "model")]
-    available = list(jax.devices() if devices is None else devices)
-    if -1 not in sizes:
-        wanted = math.prod(sizes)
-        if wanted > len(available):
-            raise MathConfigError(
-                f"config.mesh: cand*data*model = {wanted} devices, but only {len(available)} are available"
-            )
-        available = available[:wanted]
-    return make_mesh(*sizes, devices=available)
-
-
-def load_policy(cfg: Any, tokenizer: HFTokenizer):
-    """(graphdef, params) of `config.policy`: the checkpoint, or a random policy of the `policy.*` sizes."""
-    from derl_jax.models import hf
-    from derl_jax.models import transformer as tr
-
-    policy = cfg.policy
-    compute = str(policy.compute_dtype) or None
-    checkpoint = str(policy.checkpoint).strip()
-    if checkpoint:
-        config, graphdef, params = hf.load_hf_model(
-            os.path.expanduser(checkpoint), str(policy.param_dtype) or None, compute_dtype=compute, remat=bool(policy.remat)
-        )
-        where = f"config.policy.checkpoint={checkpoint!r}"
-    else:
-        vocab = int(math.ceil(tokenizer.vocab_size / 64) * 64)
-        config = tr.ModelConfig(
-            vocab_size=vocab, hidden_size=int(policy.hidden_size), intermediate_size=int(policy.intermediate_size),
-            num_layers=int(policy.num_layers), num_heads=int(policy.num_heads), num_kv_heads=int(policy.num_kv_heads),
-            head_dim=int(policy.head_dim), rope_theta=1_000_000.0, tie_embeddings=True,
-            max_position=int(cfg.domain.max_prompt_tokens) + int(cfg.domain.max_new_tokens),
-            dtype=compute or tr.default_compute_dtype(), param_dtype=str(policy.param_dtype) or "float32",
-            remat=bool(policy.remat),
-        )
-        graphdef, params = tr.init_params(config, jax.random.fold_in(jax.random.key(int(cfg.seed)), 7))
-        where = "the random policy of config.policy.*"
-    largest_id = max(tokenizer.tokenizer.get_vocab().values())
-    if config.vocab_size <= largest_id:
-        raise MathConfigError(f"{where}: vocabulary of {config.vocab_size} tokens, but the tokenizer uses ids up to {largest_id}")
-    longest = int(cfg.domain.max_prompt_tokens) + int(cfg.domain.max_new_tokens)
-    if longest > config.max_position:
-        raise MathConfigError(
-            f"{where}: max_position {config.max_position} < config.domain.max_prompt_tokens + max_new_tokens = {longest}"
-        )
-    return graphdef, params
-
-
-def build_domain_and_evaluator(cfg: Any, workdir: str | os.PathLike | None = None) -> MathRun:
-    """Domain, base policy (placed on the mesh) and host-primitive evaluator of a math config.
-
-    Data are loaded and checked first, then the tokenizer and policy; `workdir` (when given)
-    receives `math_domain.json` with the split sizes and prompt statistics.
-    """
-    from derl_jax.rl.host_inner import make_host_evaluator
-
-    domain = make_math_domain(cfg)
-    mesh = mesh_from_config(cfg)
-    graphdef, params = load_policy(cfg, domain.tokenizer)
-    evaluator = make_host_evaluator(domain, graphdef, cfg, mesh=mesh)
-    base_params = evaluator.place(params)
-    if workdir is not None:
-        os.makedirs(os.fspath(workdir), exist_ok=True)
-        with open(os.path.join(os.fspath(workdir), DOMAIN_INFO_FILE), "w", encoding="utf-8") as handle:
-            json.dump({**dict(domain.info), "primitives": list(domain.primitive_names), "mesh": dict(mesh.shape)}, handle, indent=2)
-    return MathRun(domain=domain, base_params=base_params, evaluator=evaluator)
+register_domain(DomainSpec(name=MATH_DOMAIN_KIND, build=make_math_domain, primitive_names=configured_primitive_names,
+                           validate=validate_math_config))
 
 
 # ----------------------------------------------------------------------------- tiny assets

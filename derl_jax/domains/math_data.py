@@ -33,21 +33,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from derl_jax.config import InputError
+from primitives.math_text import BOX_COMMANDS, last_boxed_content, strip_thousands_separators
 
 SOURCES = ("gsm8k", "math")
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 GSM8K_ANSWER_MARK = "#### "
-BOX_COMMANDS = ("\\boxed", "\\fbox")
-
-_PLAIN_NUMBER_WITH_SEPARATORS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
-class MathDataError(ValueError):
+class MathDataError(InputError):
     """A data file or record that cannot be turned into `MathExample`s."""
 
 
@@ -90,71 +89,6 @@ class DataSpec:
 
 
 # ----------------------------------------------------------------------------- answers
-
-
-def strip_thousands_separators(text: str) -> str:
-    """`1,234,567` -> `1234567` when the whole (stripped) text is one such number."""
-    stripped = text.strip()
-    if _PLAIN_NUMBER_WITH_SEPARATORS.fullmatch(stripped):
-        return stripped.replace(",", "")
-    return stripped
-
-
-def balanced_group_end(text: str, open_index: int) -> int | None:
-    """Index just past the `}` matching the `{` at `open_index`, or None if it never closes.
-
-    A backslash escapes the next character, so `\\{` and `\\}` are not counted.
-    """
-    if text[open_index] != "{":
-        raise ValueError(f"balanced_group_end: position {open_index} holds {text[open_index]!r}, not '{{'")
-    depth = 0
-    index = open_index
-    while index < len(text):
-        char = text[index]
-        if char == "\\":
-            index += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-        index += 1
-    return None
-
-
-def _last_command_start(text: str, commands: Sequence[str]) -> tuple[int, str] | None:
-    """Position and name of the last occurrence of any of `commands` as a whole TeX word."""
-    best: tuple[int, str] | None = None
-    for command in commands:
-        for match in re.finditer(re.escape(command) + r"(?![A-Za-z])", text):
-            if best is None or match.start() > best[0]:
-                best = (match.start(), command)
-    return best
-
-
-def last_boxed_content(text: str, commands: Sequence[str] = BOX_COMMANDS, allow_bare: bool = False) -> str | None:
-    """Argument of the last `\\boxed{...}` / `\\fbox{...}` in `text`, stripped.
-
-    None when there is no such command or its braces never close. With `allow_bare`, the
-    brace-less TeX form `\\boxed 5` yields the single token after it (up to `$` or space).
-    """
-    found = _last_command_start(text, commands)
-    if found is None:
-        return None
-    start, command = found
-    after = start + len(command)
-    rest = text[after:]
-    skipped = len(rest) - len(rest.lstrip())
-    open_index = after + skipped
-    if open_index < len(text) and text[open_index] == "{":
-        end = balanced_group_end(text, open_index)
-        return None if end is None else text[open_index + 1 : end - 1].strip()
-    if allow_bare and skipped > 0:
-        token = re.match(r"[^\s$]+", text[open_index:])
-        return token.group(0) if token else None
-    return None
 
 
 def gsm8k_gold_answer(answer_text: str) -> str | None:
@@ -276,8 +210,13 @@ def _check_file(path: str) -> None:
 def _jsonl_records(path: str) -> Iterator[tuple[str, Any]]:
     """(location, record) for each non-blank line; location is `file:LINE` (1-based)."""
     name = os.path.basename(path)
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise MathDataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x})") from None
     if path.lower().endswith(".json") and text.lstrip().startswith("["):
         try:
             records = json.loads(text)

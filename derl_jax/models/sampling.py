@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Protocol, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -99,6 +100,7 @@ def _check_prompts(where: str, prompts: jax.Array, prompt_mask: jax.Array) -> No
     if prompt_mask.shape != prompts.shape:
         raise ValueError(
             f"{where}: prompt_mask shape {prompt_mask.shape} differs from prompts shape {prompts.shape}")
+    chex.assert_type(prompts, int)
 
 
 def _check_group(where: str, batch: int, group_size: int) -> None:
@@ -269,6 +271,8 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     columns = [jnp.concatenate([head[:, None], tail.T], axis=1)
                for head, tail in zip((emitted0, logprob0, sampling_logprob0, live0), rest)]
     tokens, logprobs, sampling_logprobs, mask = columns
+    chex.assert_shape([tokens, logprobs, sampling_logprobs, mask], (batch, max_new_tokens))
+    chex.assert_type([tokens, logprobs, sampling_logprobs, mask], [int, jnp.float32, jnp.float32, bool])
     return SampleOutput(tokens=tokens, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
                         mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
 
@@ -320,6 +324,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
             f"sequence_logprobs: completion_mask shape {completion_mask.shape} differs from "
             f"completions shape {completions.shape}")
     _check_group("sequence_logprobs", prompts.shape[0], group_size)
+    chex.assert_type(completions, int)
     prompt_length, completion_length = prompts.shape[1], completions.shape[1]
     if completion_length == 0:
         return jnp.zeros(completions.shape, jnp.float32), jnp.zeros(completions.shape, jnp.float32)
@@ -344,4 +349,6 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(log_probs, completions[..., None].astype(jnp.int32), axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
+    logp, entropy = jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
+    chex.assert_shape([logp, entropy], completions.shape)
+    return logp, entropy

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -63,6 +64,7 @@ def group_advantages(
         raise ValueError(
             f"group_advantages: {rewards.shape[0]} rewards cannot be split into groups of group_size={group_size}"
         )
+    chex.assert_type(rewards, jnp.float32)
     groups = rewards.reshape(-1, group_size)
     centred = groups - groups.mean(axis=1, keepdims=True)
     if normalize_std:
@@ -77,14 +79,16 @@ def group_advantages(
 
 
 def ratio_and_clip(
-    logp: jax.Array, old_logp: jax.Array, *, eps_low: float = 0.2, eps_high: float = 0.2
+    logp: jax.Array, old_logp: jax.Array, *, clip_low: float = 0.2, clip_high: float = 0.2
 ) -> tuple[jax.Array, jax.Array]:
-    """Importance ratio exp(logp - old_logp) and its clip to [1 - eps_low, 1 + eps_high].
+    """Importance ratio exp(logp - old_logp) and its clip to [1 - clip_low, 1 + clip_high].
 
     logp, old_logp: f32[N, T]. Returns (ratio f32[N, T], clipped_ratio f32[N, T]).
     """
+    chex.assert_equal_shape([logp, old_logp])
+    chex.assert_rank(logp, 2)
     ratio = jnp.exp(logp - old_logp)
-    return ratio, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return ratio, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
 
 
 def clipped_surrogate(
@@ -93,8 +97,8 @@ def clipped_surrogate(
     advantages: jax.Array,
     mask: jax.Array,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
 ) -> tuple[jax.Array, jax.Array]:
     """Clipped policy-gradient loss.
 
@@ -104,7 +108,9 @@ def clipped_surrogate(
     i.e. where clipping cuts the gradient).
     """
     mask = jnp.asarray(mask, bool)
-    ratio, clipped = ratio_and_clip(logp, old_logp, eps_low=eps_low, eps_high=eps_high)
+    chex.assert_equal_shape([logp, old_logp, mask])
+    chex.assert_shape(advantages, logp.shape[:1])
+    ratio, clipped = ratio_and_clip(logp, old_logp, clip_low=clip_low, clip_high=clip_high)
     adv = jnp.asarray(advantages, jnp.float32)[:, None]
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
@@ -124,6 +130,7 @@ def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.A
           unbiased, non-negative; the clip keeps exp() finite in float32)
     Returns f32[N, T].
     """
+    chex.assert_equal_shape([logp, ref_logp])
     log_ratio = logp - ref_logp
     if kind == "k1":
         return log_ratio
@@ -145,6 +152,7 @@ def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean") -
     token at all the result is 0.
     """
     mask = jnp.asarray(mask, bool)
+    chex.assert_equal_shape([per_token, mask])
     values = jnp.where(mask, per_token, 0.0)
     if mode == "token_mean":
         return jnp.sum(values) / jnp.maximum(jnp.sum(mask), 1)
@@ -169,7 +177,7 @@ class GRPOConfig:
 
     group_size:    G, samples per prompt.
     normalize_std: divide advantages by the group std (False = Dr.GRPO).
-    eps_low, eps_high: ratio clip range [1 - eps_low, 1 + eps_high].
+    clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high].
     kl_coef:       beta on the KL penalty against the reference policy (0 disables it).
     kl_kind:       "k1" | "k2" | "k3".
     loss_agg:      one of LOSS_AGGREGATIONS.
@@ -182,8 +190,8 @@ class GRPOConfig:
 
     group_size: int = 8
     normalize_std: bool = True
-    eps_low: float = 0.2
-    eps_high: float = 0.2
+    clip_low: float = 0.2
+    clip_high: float = 0.2
     kl_coef: float = 0.0
     kl_kind: str = "k3"
     loss_agg: str = "token_mean"
@@ -203,8 +211,8 @@ class GRPOConfig:
 
         if self.group_size < 1:
             bad("group_size", "must be >= 1")
-        if self.eps_low < 0 or self.eps_high < 0 or self.eps_low >= 1:
-            bad("eps_low", f"need 0 <= eps_low < 1 and eps_high >= 0 (eps_high={self.eps_high})")
+        if self.clip_low < 0 or self.clip_high < 0 or self.clip_low >= 1:
+            bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0 (clip_high={self.clip_high})")
         if self.kl_coef < 0:
             bad("kl_coef", "must be >= 0")
         if self.kl_kind not in KL_KINDS:
@@ -282,9 +290,14 @@ def grpo_loss(
         if key not in batch:
             raise KeyError(f"grpo_loss: batch has no {key!r}; keys: {sorted(batch)}")
     mask = jnp.asarray(batch["mask"], bool)
+    chex.assert_rank(mask, 2)
+    chex.assert_shape(batch["advantages"], mask.shape[:1])
+    chex.assert_shape(batch["old_logp"], mask.shape)
     logp, entropy = logprob_fn(params, batch)
+    chex.assert_shape([logp, entropy], mask.shape)
+    chex.assert_type([logp, entropy], jnp.float32)
     pg, clip_fraction = clipped_surrogate(
-        logp, batch["old_logp"], batch["advantages"], mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high
+        logp, batch["old_logp"], batch["advantages"], mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high
     )
     if cfg.kl_coef > 0:
         if "ref_logp" not in batch:

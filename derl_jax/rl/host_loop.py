@@ -1,6 +1,6 @@
-"""The GRPO inner loop for domains whose primitives run on the host (GSM8K / MATH).
+"""The inner loop's driver for the "host" rollout kind: primitives of decoded text (GSM8K / MATH).
 
-    evaluator = make_host_evaluator(domain, graphdef, cfg, mesh=mesh)
+    evaluator = HostEvaluator(domain, graphdef, InnerConfig(...), mesh=mesh)
     results = evaluator.evaluate_candidates(programs, init_params, key, inner_train, validation)
     params, curves = evaluator.train_final(program, init_params, key, train)
     accuracy = evaluator.accuracy(params, test)          # greedy pass@1 via `correct`
@@ -14,7 +14,7 @@ T = max_new_tokens, P primitives):
   2. host    tokens -> text, host primitives -> prims f32[N, P] (`HostPrimitiveRunner`
              threads; answer equivalence in the `AnswerChecker` worker processes).
   3. device  `PolicyFunctions.update` (one jit, params and optimizer state donated):
-             rewards = `derl_jax.expr.evaluate(program, prims, u)` (the jnp VM, u = t/(steps-1)),
+             rewards = `derl_jax.expr.evaluate(program, prims, u)` (the jnp VM, u = `derl_jax.rl.config.progress`),
              non-finite rewards -> 0, group advantages, GRPO epochs x minibatches. The old
              log-probs are the sampler's temperature-1 log-probs; the KL reference
              (k1/k2/k3, `inner.kl`) is the policy the run started from.
@@ -70,7 +70,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
 from typing import Any, Sequence
 
@@ -78,158 +77,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx, struct
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.domains.base import TokenDataset
+from derl_jax.evaluator import CandidateResults
 from derl_jax.expr.parse import parse
 from derl_jax.expr.program import Program, compile_expr
-from derl_jax.expr.vm import evaluate
-from derl_jax.evaluator import CandidateResults
 from derl_jax.models import sampling
-from derl_jax.models import transformer as tr
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh
-from derl_jax.rl.grpo import GRPOConfig, group_advantages, grpo_update, make_optimizer, sanitize_rewards
-from primitives.math import HostPrimitiveRunner
+from derl_jax.rl.config import InnerConfig, metric_names, progress
+from derl_jax.rl.grpo import GRPOConfig, grpo_update, make_optimizer
+from derl_jax.rl.host_pool import HostPrimitiveRunner
+from derl_jax.rl.loop import rewards_and_advantages
+from derl_jax.rl.placement import candidate_slices, place_params, put_array, to_host
+from derl_jax.rl.host_batches import HostSplit, batch_schedule, unstack_programs
+from derl_jax.rl.rollout import Rollouts, completion_logprobs, sample_rollouts
 
-BUDGET_REFERENCES = ("base_lengths", "outcome_run")
 STOP_BUDGET, STOP_TIME = "budget", "time_limit"
 _log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- config
-
-
-@dataclasses.dataclass(frozen=True)
-class HostInnerConfig:
-    """Sizes and switches of the host-primitive inner loop (module docstring).
-
-    steps / final_steps: GRPO steps of a search candidate / of the final policy.
-    prompts_per_step: B; grpo.group_size: G; max_new_tokens: T.
-    candidates_in_flight: candidates trained interleaved (0: all of a call).
-    eval_batch_size: prompts per greedy evaluation batch (the last batch is padded).
-    budget_factor, budget_reference, budget_tokens, time_limit_s: the compute budget.
-    host_workers: threads of the host primitive runner.
-    return_params: stack the K trained policies on the host in `CandidateResults.params`
-      (needed by population strategies; False saves host memory, params is then None).
-    """
-
-    steps: int
-    final_steps: int
-    prompts_per_step: int
-    max_new_tokens: int
-    grpo: GRPOConfig
-    temperature: float = 1.0
-    top_k: int = 0
-    candidates_in_flight: int = 0
-    eval_batch_size: int = 16
-    budget_factor: float = 1.3
-    budget_reference: str = "base_lengths"
-    budget_tokens: int = 0
-    time_limit_s: float = 0.0
-    host_workers: int = 4
-    return_params: bool = True
-
-    def __post_init__(self):
-        def positive(name, minimum=1):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-                raise ValueError(f"HostInnerConfig.{name} must be an integer >= {minimum}, got {value!r}")
-
-        for name in ("steps", "final_steps", "prompts_per_step", "eval_batch_size", "host_workers"):
-            positive(name)
-        positive("max_new_tokens", 1)
-        positive("top_k", 0)
-        positive("candidates_in_flight", 0)
-        positive("budget_tokens", 0)
-        if not self.temperature > 0:
-            raise ValueError(f"HostInnerConfig.temperature must be > 0, got {self.temperature!r}")
-        if self.budget_reference not in BUDGET_REFERENCES:
-            raise ValueError(f"HostInnerConfig.budget_reference must be one of {BUDGET_REFERENCES}, got {self.budget_reference!r}")
-        if not math.isfinite(self.budget_factor) or not math.isfinite(self.time_limit_s) or self.time_limit_s < 0:
-            raise ValueError(
-                f"HostInnerConfig: budget_factor must be finite and time_limit_s finite and >= 0, got "
-                f"{self.budget_factor!r} and {self.time_limit_s!r}")
-        if self.grpo.group_size < 2:
-            raise ValueError(f"HostInnerConfig.grpo.group_size must be >= 2 for group advantages, got {self.grpo.group_size}")
-        if self.rollouts_per_step % self.grpo.minibatches:
-            raise ValueError(
-                f"HostInnerConfig.grpo.minibatches={self.grpo.minibatches} must divide the {self.rollouts_per_step} "
-                f"rollouts per step (prompts_per_step {self.prompts_per_step} x group_size {self.grpo.group_size})")
-
-    @property
-    def rollouts_per_step(self) -> int:
-        """N = B x G."""
-        return self.prompts_per_step * self.grpo.group_size
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "HostInnerConfig":
-        """From a run config: `inner.*`, `final.steps`, `domain.max_new_tokens`."""
-        inner = cfg.inner
-        max_grad_norm = float(inner.max_grad_norm)
-        grpo = GRPOConfig(
-            group_size=int(inner.group_size), normalize_std=bool(inner.normalize_std),
-            eps_low=float(inner.clip_low), eps_high=float(inner.clip_high), kl_coef=float(inner.kl),
-            kl_kind=str(inner.kl_kind), loss_agg=str(inner.loss_agg), epochs=int(inner.epochs),
-            minibatches=int(inner.minibatches), max_grad_norm=max_grad_norm if max_grad_norm > 0 else None,
-            learning_rate=float(inner.lr), optimizer="adamw", weight_decay=float(inner.weight_decay),
-            warmup_steps=int(inner.warmup_steps),
-        )
-        return cls(
-            steps=int(inner.steps), final_steps=int(cfg.final.steps), prompts_per_step=int(inner.prompts_per_step),
-            max_new_tokens=int(cfg.domain.max_new_tokens), grpo=grpo, temperature=float(inner.temperature),
-            top_k=int(inner.top_k), candidates_in_flight=int(inner.chunk_size), eval_batch_size=int(inner.eval_batch_size),
-            budget_factor=float(inner.budget_factor), budget_reference=str(inner.budget_reference),
-            budget_tokens=int(inner.budget_tokens), time_limit_s=float(inner.time_limit_s),
-            host_workers=int(inner.host_workers), return_params=bool(inner.return_params),
-        )
-
-
 # --------------------------------------------------------------------------- device functions
-
-
-@struct.dataclass
-class Rollouts:
-    """A batch of sampled completions (N rows).
-
-    prompts i32[N, Tp], prompt_mask bool[N, Tp]: the left-padded prompts;
-    completions i32[N, T] (pad after the stop token); mask bool[N, T] True up to and
-    including the first stop token; logprobs f32[N, T] temperature-1 policy log-probs of the
-    completion tokens (0 where masked); lengths i32[N].
-    """
-
-    prompts: jax.Array
-    prompt_mask: jax.Array
-    completions: jax.Array
-    mask: jax.Array
-    logprobs: jax.Array
-    lengths: jax.Array
-
-
-def cut_at_stops(tokens: jax.Array, mask: jax.Array, stop_ids: Sequence[int]) -> jax.Array:
-    """bool[N, T]: `mask` with every position after the first stop token of a row cleared."""
-    is_stop = jnp.isin(tokens, jnp.asarray(tuple(stop_ids), jnp.int32)) & mask
-    stops_before = jnp.cumsum(is_stop.astype(jnp.int32), axis=1) - is_stop.astype(jnp.int32)
-    return mask & (stops_before == 0)
-
-
-def sample_rollouts(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
-                    key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int, stop_ids: tuple[int, ...],
-                    temperature: float, top_k: int, greedy: bool) -> Rollouts:
-    """Sample (or greedily decode) completions of `prompts` i32[N, Tp]; cut at stop tokens."""
-    out = sampling.sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                          pad_id=pad_id, temperature=temperature, top_k=top_k, greedy=greedy)
-    mask = cut_at_stops(out.tokens, out.mask, stop_ids)
-    return Rollouts(prompts=prompts, prompt_mask=prompt_mask, completions=jnp.where(mask, out.tokens, pad_id),
-                    mask=mask, logprobs=jnp.where(mask, out.logprobs, 0.0),
-                    lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
-
-
-def completion_logprobs(graphdef: nnx.GraphDef, params: nnx.State, rollouts: Rollouts) -> jax.Array:
-    """f32[N, T]: teacher-forced temperature-1 log-probs of the completion tokens under `params`."""
-    logp, _ = sampling.sequence_logprobs(graphdef, params, rollouts.prompts, rollouts.prompt_mask,
-                                         rollouts.completions, rollouts.mask)
-    return logp
 
 
 def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, params: nnx.State, opt_state: Any,
@@ -237,11 +106,11 @@ def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, param
                       ref_logp: jax.Array | None, key: jax.Array) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """Rewards of `program` on prims f32[N, P] at progress u, group advantages, one GRPO update.
 
-    Returns (params, opt_state, metrics: the GRPO metrics plus reward_mean, reward_std,
-    nonfinite_rewards).
+    Returns (params, opt_state, metrics: reward_mean, nonfinite, entropy, clip_fraction, loss,
+    grad_norm, and kl when `ref_logp` is given).
     """
-    rewards, nonfinite = sanitize_rewards(evaluate(program, prims, progress))
-    advantages = group_advantages(rewards, grpo.group_size, normalize_std=grpo.normalize_std)
+    rewards, nonfinite, advantages = rewards_and_advantages(program, prims, progress, grpo.group_size,
+                                                            grpo.normalize_std)
     batch = {"prompts": rollouts.prompts, "prompt_mask": rollouts.prompt_mask, "completions": rollouts.completions,
              "mask": rollouts.mask, "old_logp": rollouts.logprobs, "advantages": advantages}
     if ref_logp is not None:
@@ -252,40 +121,10 @@ def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, param
                                           rows["mask"])
 
     params, opt_state, metrics = grpo_update(params, opt_state, batch, key, logprob_fn, optimizer, grpo)
-    metrics = dict(metrics, reward_mean=jnp.mean(rewards), reward_std=jnp.std(rewards),
-                   nonfinite_rewards=nonfinite.astype(jnp.float32))
+    metrics = {name: metrics[name] for name in ("entropy", "clip_fraction", "loss", "grad_norm")
+               + (("kl",) if ref_logp is not None else ())}
+    metrics.update(reward_mean=jnp.mean(rewards), nonfinite=nonfinite.astype(jnp.float32))
     return params, opt_state, metrics
-
-
-def to_host(array: jax.Array) -> np.ndarray:
-    """A device array as NumPy on this process (gathered from every process when needed)."""
-    if not isinstance(array, jax.Array) or array.is_fully_addressable:
-        return np.asarray(array)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-
-
-def _put(value: Any, sharding: NamedSharding) -> jax.Array:
-    if jax.process_count() == 1 or (isinstance(value, jax.Array) and not value.is_fully_addressable):
-        return jax.device_put(value, sharding)
-    host = np.asarray(value)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-
-def canonical_sharding(sharding: NamedSharding) -> NamedSharding:
-    """The same placement with trailing replicated dimensions dropped from the spec (P(None,) -> P()),
-    the form jitted functions return, so that placed inputs and outputs hit one compiled version."""
-    spec = list(sharding.spec)
-    while spec and spec[-1] is None:
-        spec.pop()
-    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
-
-
-def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
-    """`params` (host or device arrays) on `mesh` by the transformer's sharding metadata."""
-    return jax.tree.map(lambda leaf, sharding: _put(leaf, canonical_sharding(sharding)), params,
-                        tr.param_shardings(params, mesh))
 
 
 class PolicyFunctions:
@@ -321,7 +160,7 @@ class PolicyFunctions:
         spec = [None] * array.ndim
         if array.ndim and array.shape[0] % self.data_size == 0:
             spec[0] = DATA_AXIS
-        return _put(array, NamedSharding(self.mesh, PartitionSpec(*spec)))
+        return put_array(array, NamedSharding(self.mesh, PartitionSpec(*spec)))
 
     def sample(self, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array,
                greedy: bool = False) -> Rollouts:
@@ -363,73 +202,6 @@ def shared_policy_functions(graphdef: nnx.GraphDef, mesh: Mesh, *, max_new_token
     step counts or batch schedules share their compiled functions."""
     return PolicyFunctions(graphdef, mesh, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                            grpo=grpo, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids)
-
-
-def candidate_slices(mesh: Mesh) -> list[Mesh]:
-    """The ('data', 'model') sub-mesh of every index of the 'cand' axis."""
-    for axis in (CAND_AXIS, DATA_AXIS, MODEL_AXIS):
-        if axis not in mesh.axis_names:
-            raise ValueError(f"candidate_slices: the mesh needs axes {(CAND_AXIS, DATA_AXIS, MODEL_AXIS)}, has {mesh.axis_names}")
-    devices = np.asarray(mesh.devices).transpose([mesh.axis_names.index(a) for a in (CAND_AXIS, DATA_AXIS, MODEL_AXIS)])
-    axis_types = (AxisType.Auto, AxisType.Auto)
-    return [Mesh(devices[i], (DATA_AXIS, MODEL_AXIS), axis_types=axis_types) for i in range(devices.shape[0])]
-
-
-# --------------------------------------------------------------------------- host helpers
-
-
-def key_seed(key: jax.Array) -> list[int]:
-    """The uint32 words of a PRNG key (typed or raw), as a NumPy seed."""
-    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    return [int(v) for v in np.asarray(data).reshape(-1)]
-
-
-def batch_schedule(key: jax.Array, num_rows: int, batch_size: int, steps: int) -> np.ndarray:
-    """i64[steps, batch_size]: rows of each step, consecutive epochs of fresh permutations."""
-    if num_rows < 1:
-        raise ValueError("batch_schedule: the training split is empty")
-    rng = np.random.default_rng(key_seed(key))
-    epochs = -(-steps * batch_size // num_rows)
-    order = np.concatenate([rng.permutation(num_rows) for _ in range(epochs)])
-    return order[: steps * batch_size].reshape(steps, batch_size)
-
-
-def trim_to_bucket(prompts: np.ndarray, mask: np.ndarray, bucket_sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded (prompts, mask) [N, Tp] cut to the smallest bucket that holds every row's tokens."""
-    width = prompts.shape[1]
-    longest = int(mask.sum(axis=1).max()) if mask.size else 0
-    fitting = [b for b in sorted(bucket_sizes) if longest <= b <= width]
-    keep = fitting[0] if fitting else width
-    if mask[:, : width - keep].any():
-        raise ValueError("trim_to_bucket: prompts are not left padded (real tokens before the kept columns)")
-    return prompts[:, width - keep:], mask[:, width - keep:]
-
-
-class HostSplit:
-    """One TokenDataset on the host: prompts, masks and the primitive contexts of every row."""
-
-    def __init__(self, dataset: TokenDataset, domain: Any):
-        self.prompts = np.asarray(jax.device_get(dataset.prompts), np.int32)
-        self.mask = np.asarray(jax.device_get(dataset.prompt_mask), bool)
-        self.contexts = domain.contexts(dataset)
-        self.size = int(self.prompts.shape[0])
-        if self.size == 0:
-            raise ValueError("host inner loop: a dataset split is empty")
-
-    def batch(self, rows: np.ndarray, repeat: int, bucket_sizes: Sequence[int]):
-        """(prompts i32[R*repeat, Tb], mask, contexts): each row repeated `repeat` times, adjacent."""
-        rows = np.repeat(np.asarray(rows), repeat)
-        prompts, mask = trim_to_bucket(self.prompts[rows], self.mask[rows], bucket_sizes)
-        return prompts, mask, [self.contexts[r] for r in rows]
-
-
-def unstack_programs(programs: Program) -> list[Program]:
-    """Program[K] -> K programs (host arrays)."""
-    ops, args, sizes = np.asarray(programs.ops), np.asarray(programs.args), np.asarray(programs.size)
-    if ops.ndim != 2:
-        raise ValueError(f"evaluate_candidates: programs must be stacked Program[K], got ops of shape {ops.shape}")
-    return [Program(ops=ops[k], args=args[k], size=sizes[k]) for k in range(ops.shape[0])]
 
 
 # --------------------------------------------------------------------------- reports
@@ -546,7 +318,7 @@ class _Run:
 class HostEvaluator:
     """The inner loop with host primitives, behind the `CandidateEvaluator` contract (module docstring)."""
 
-    def __init__(self, domain: Any, graphdef: nnx.GraphDef, config: HostInnerConfig, mesh: Mesh | None = None):
+    def __init__(self, domain: Any, graphdef: nnx.GraphDef, config: InnerConfig, mesh: Mesh | None = None):
         self.domain = domain
         self.graphdef = graphdef
         self.config = config
@@ -584,7 +356,7 @@ class HostEvaluator:
         program_list = unstack_programs(programs)
         train, validation = HostSplit(train_set, self.domain), HostSplit(val_set, self.domain)
         budget = self._budget("search", self.config.steps, init_params, key, train_set, train)
-        in_flight = self.config.candidates_in_flight or len(program_list)
+        in_flight = self.config.chunk_size or len(program_list)
         scores, curves, kept, runs_done, eval_host = [], [], [], [], 0.0
         for start in range(0, len(program_list), in_flight):
             indices = range(start, min(start + in_flight, len(program_list)))
@@ -600,7 +372,7 @@ class HostEvaluator:
                 runs_done.append(run)
                 run.params = run.opt_state = run.ref_params = None
         self._finish_report("search", runs_done, budget, eval_host, started)
-        names = sorted(set().union(*curves))
+        names = metric_names(self.domain.primitive_names, self.config.uses_reference, host=True)
         stacked = {name: np.stack([c.get(name, np.full(self.config.steps, np.nan, np.float32)) for c in curves])
                    for name in names}
         params = jax.tree.map(lambda *leaves: np.stack(leaves), *kept) if kept else None
@@ -665,7 +437,7 @@ class HostEvaluator:
             step_started = time.perf_counter()
             prompts, mask, contexts = train.batch(schedule[step], group, self.domain.bucket_sizes)
             sample_key, update_key = jax.random.split(jax.random.fold_in(key, step))
-            progress = step / max(steps - 1, 1)
+            u = progress(step, steps)
             inputs: dict[int, tuple] = {}
             rollouts = []
             for run in active:
@@ -675,13 +447,13 @@ class HostEvaluator:
             step_host = 0.0
             for run, rollout in zip(active, rollouts):
                 completions, completion_mask, lengths = (to_host(a) for a in (rollout.completions, rollout.mask, rollout.lengths))
-                ref_logp = run.fns.reference_logprobs(run.ref_params, rollout) if self.config.grpo.kl_coef > 0 else None
+                ref_logp = run.fns.reference_logprobs(run.ref_params, rollout) if self.config.uses_reference else None
                 host_started = time.perf_counter()
                 texts = self.domain.tokenizer.decode_batch(completions, completion_mask)
                 prims = self.runner.run(texts, contexts)
                 spent = time.perf_counter() - host_started
                 run.params, run.opt_state, metrics = run.fns.update(run.params, run.opt_state, run.program, prims,
-                                                                    progress, rollout, ref_logp, update_key)
+                                                                    u, rollout, ref_logp, update_key)
                 run.device_metrics.append(metrics)
                 if step == 0:
                     budget.observe_first_batch(lengths)
@@ -691,7 +463,7 @@ class HostEvaluator:
                 means = prims.mean(axis=0)
                 run.record(trained=1.0, generated_tokens=float(lengths.sum()), tokens_cumulative=float(run.tokens),
                            response_length=float(lengths.mean()), host_seconds=spent,
-                           **{f"prim_{name}": means[i] for i, name in enumerate(names)})
+                           **{f"primitive/{name}": means[i] for i, name in enumerate(names)})
                 self._check_budget(run, budget, step)
             wall = time.perf_counter() - step_started
             wall_total += wall
@@ -798,8 +570,3 @@ class HostEvaluator:
         waited = time.perf_counter()
         scores = [np.concatenate([f.result()[:, 0] for f in futures]) for futures in results]
         return scores, host + time.perf_counter() - waited
-
-
-def make_host_evaluator(domain: Any, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh | None = None) -> HostEvaluator:
-    """The host-primitive evaluator of a run config (`inner.*`, `final.steps`, `domain.max_new_tokens`)."""
-    return HostEvaluator(domain, graphdef, HostInnerConfig.from_config(cfg), mesh)

@@ -1,9 +1,10 @@
 """The base policy: a tiny Qwen2-style decoder warm-started by supervised fine-tuning.
 
 Every method of a comparison starts its inner policies from the same base policy. It is
-trained with teacher forcing on the domain's supervised corpus (for arithmetic,
-`derl_jax.domains.arith.sft_corpus`: a mix of well- and badly-formatted solutions of the
-training problems), the loss counting completion tokens (and their EOS) only. The whole run
+trained with teacher forcing on the supervised corpus the domain provides (`Domain.corpus`;
+for arithmetic a mix of well- and badly-formatted solutions of the training problems), the
+loss counting completion tokens (and their EOS) only. Any domain with a corpus and a
+tokenizer with `encode_batch` gets a base policy this way. The whole run
 is one jitted `lax.scan` over steps and depends only on its inputs and the seed.
 
     graphdef, params = base_policy(domain, cfg.policy, cache_dir, seed=0)
@@ -13,11 +14,9 @@ atomically; the file name is a hash of everything the result depends on (the enc
 the model and SFT configs, the seed and `SFT_CODE_VERSION`), so a changed setting builds a
 new policy and an unchanged one loads the stored arrays.
 
-The corpus holds the training problems minus the caller's held-out rows (a run holds out
-its validation rows, so validation scores measure held-out accuracy) plus, optionally,
-fresh problems of the same levels that are in neither split: with only a few hundred
-problems the tiny model memorises answers instead of learning to compute them. The test
-split never reaches the base policy.
+The corpus leaves out the caller's held-out training rows (a run holds out its validation
+rows, so validation scores measure held-out accuracy); the test split never reaches the base
+policy.
 
 Shapes: M corpus examples, Tp prompt tokens (left padded, BOS first), T completion tokens
 (right padded, EOS after the text), B batch size.
@@ -41,9 +40,9 @@ import optax
 from flax import nnx, struct
 
 from derl_jax.checkpoint import atomic_write, atomic_write_json
-from derl_jax.domains.base import TokenDomain
+from derl_jax.domains.base import Domain
 from derl_jax.models.sampling import sequence_logprobs
-from derl_jax.models.transformer import ModelConfig, abstract_model, init_params, tiny_config
+from derl_jax.models.transformer import ModelConfig, abstract_model, default_compute_dtype, init_params, tiny_config
 
 # Bump when a change to this module changes the policy it builds for the same inputs.
 SFT_CODE_VERSION = 1
@@ -121,12 +120,18 @@ def _optional_field(cfg: Any, name: str, default: Any) -> Any:
     return getattr(cfg, name, default)
 
 
-def policy_model_config(domain: TokenDomain, policy_cfg: Any) -> ModelConfig:
-    """The policy's ModelConfig: sizes from `policy_cfg` (a `config.policy` block), vocabulary
-    from the domain's tokenizer, positions enough for the longest prompt plus completion."""
+def policy_model_config(domain: Domain, policy_cfg: Any) -> ModelConfig:
+    """The policy's ModelConfig: sizes from `policy_cfg` (a `config.policy` block; optional
+    param_dtype, compute_dtype (absent: float32; "": float32 on CPU, bfloat16 on
+    accelerators) and remat), vocabulary from the domain's
+    tokenizer, positions enough for the longest prompt plus completion."""
     sizes = {name: int(_field(policy_cfg, name, "policy_model_config")) for name in _POLICY_FIELDS}
-    max_position = int(domain.train.prompts.shape[1]) + int(domain.max_new_tokens)
-    return tiny_config(domain.tokenizer.vocab_size, max_position=max_position, **sizes)
+    max_position = int(domain.prompt_length) + int(domain.max_new_tokens)
+    compute = _optional_field(policy_cfg, "compute_dtype", "float32")
+    compute = str(compute) if compute else default_compute_dtype()
+    return tiny_config(domain.tokenizer.vocab_size, max_position=max_position,
+                       param_dtype=str(_optional_field(policy_cfg, "param_dtype", "") or "") or "float32",
+                       dtype=compute, remat=bool(_optional_field(policy_cfg, "remat", False)), **sizes)
 
 
 def sft_config_from(policy_cfg: Any, seed: int = 0) -> SFTConfig:
@@ -142,39 +147,17 @@ def sft_config_from(policy_cfg: Any, seed: int = 0) -> SFTConfig:
 # ----------------------------------------------------------------------------- data
 
 
-def domain_corpus(domain: TokenDomain, seed: int, holdout_rows: Sequence[int] = (),
-                  extra_problems: int = 0, mix: Mapping[str, float] | None = None) -> list[tuple[str, str]]:
-    """(prompt, completion) texts of the domain's supervised corpus.
-
-    The problems are the training split's rows except `holdout_rows` (the validation rows),
-    followed by `extra_problems` fresh problems of the domain's levels whose texts are in
-    neither the training nor the test split (drawn with `seed`). `mix`: style weights of the
-    completions (default: the domain's, e.g. `arith.DEFAULT_SFT_MIX`).
-    """
-    if domain.name != "arith":
-        raise ValueError(f"domain_corpus: domain {domain.name!r} has no supervised corpus; known: ('arith',)")
-    from derl_jax.domains import arith
-
-    train, test = domain.info["train_problems"], domain.info["test_problems"]
-    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
-    outside = sorted(row for row in held_out if not 0 <= row < len(train))
-    if outside:
-        raise ValueError(f"domain_corpus: holdout_rows {outside[:5]} are outside the {len(train)} training rows")
-    if extra_problems < 0:
-        raise ValueError(f"domain_corpus: extra_problems must be >= 0, got {extra_problems}")
-    problems = [problem for row, problem in enumerate(train) if row not in held_out]
-    if extra_problems:
-        taken = {problem.text for problem in (*train, *test)}
-        try:
-            pool = arith.make_problems(seed + 1, extra_problems + len(taken), domain.info["levels"])
-        except ValueError as err:
-            raise ValueError(
-                f"domain_corpus: extra_problems={extra_problems} fresh problems do not exist besides the "
-                f"{len(taken)} train/test problems of levels {domain.info['levels']}: {err}") from None
-        problems += [problem for problem in pool if problem.text not in taken][:extra_problems]
-    if not problems:
-        raise ValueError("domain_corpus: no problems are left for the supervised corpus")
-    return arith.sft_corpus(problems, seed, arith.DEFAULT_SFT_MIX if mix is None else mix)
+def domain_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (),
+                  options: Any = None) -> list[tuple[str, str]]:
+    """(prompt, completion) texts of the domain's supervised corpus (`Domain.corpus`), leaving
+    out the training rows `holdout_rows`; `options` is the `config.policy` block."""
+    if domain.corpus is None:
+        raise ValueError(f"domain {domain.name!r} provides no supervised corpus for the warm start; "
+                         f"set config.policy.sft_steps=0 or load a checkpoint (config.policy.checkpoint)")
+    corpus = list(domain.corpus(int(seed), holdout_rows, {} if options is None else options))
+    if not corpus:
+        raise ValueError(f"domain {domain.name!r}: the supervised corpus is empty")
+    return corpus
 
 
 def encode_corpus(tokenizer: Any, corpus: Sequence[tuple[str, str]], prompt_length: int,
@@ -298,13 +281,13 @@ def load_policy(path: str, model_cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.St
     return graphdef, jax.tree_util.tree_unflatten(treedef, leaves), losses
 
 
-def base_policy(domain: TokenDomain, policy_cfg: Any, cache_dir: str | os.PathLike, *, seed: int = 0,
+def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *, seed: int = 0,
                 holdout_rows: Sequence[int] = ()) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) of the domain's SFT base policy, loaded from `cache_dir` or built there.
 
-    policy_cfg: a `config.policy` block — model sizes, sft_steps, sft_lr, sft_batch_size and
-      optionally sft_extra_problems (fresh problems added to the corpus, default 0) and
-      sft_mix (style weights of the corpus completions, default the domain's).
+    policy_cfg: a `config.policy` block — model sizes, sft_steps, sft_lr, sft_batch_size, and
+      whatever the domain's corpus reads (arith: sft_extra_problems, sft_mix). With
+      sft_steps == 0 and no corpus the random initialisation is returned (not cached).
     holdout_rows: training rows kept out of the corpus (the outer loop's validation rows).
     A JSON file next to the arrays records the configs and the loss curve's ends.
     """
@@ -312,8 +295,10 @@ def base_policy(domain: TokenDomain, policy_cfg: Any, cache_dir: str | os.PathLi
     sft_cfg = sft_config_from(policy_cfg, seed)
     extra = int(_optional_field(policy_cfg, "sft_extra_problems", 0))
     mix = _optional_field(policy_cfg, "sft_mix", None)
-    corpus = domain_corpus(domain, seed, holdout_rows, extra, None if mix is None else dict(mix))
-    data = encode_corpus(domain.tokenizer, corpus, int(domain.train.prompts.shape[1]), int(domain.max_new_tokens))
+    if sft_cfg.steps == 0 and domain.corpus is None:
+        return init_params(model_cfg, jax.random.key(seed))
+    corpus = domain_corpus(domain, seed, holdout_rows, policy_cfg)
+    data = encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length), int(domain.max_new_tokens))
     key = cache_key(model_cfg, sft_cfg, data, domain.name)
     path = os.path.join(os.fspath(cache_dir), f"{CACHE_PREFIX}{key[:24]}.npz")
     if os.path.exists(path):

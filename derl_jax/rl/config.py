@@ -1,0 +1,186 @@
+"""The inner loop's one config class, its training-progress variable `u` and its metric names.
+
+`InnerConfig` mirrors the run config's `inner` block (plus `final.steps`); every rollout kind
+reads the same fields. Fields of `config.inner` (defaults in brackets):
+
+  steps, prompts_per_step (B), group_size (G)         GRPO steps and batch shape (required)
+  lr, kl [0.0], kl_kind ["k3"], kl_metric [True]      learning rate, KL weight and estimator;
+                                                      kl_metric reports KL to the start policy
+                                                      even when kl == 0 (one extra forward pass)
+  clip_low [0.2], clip_high [0.2]                     ratio clip range [1 - clip_low, 1 + clip_high]
+  epochs [1], minibatches [1]                         optimizer passes / steps per pass per batch
+  normalize_std [True], loss_agg ["token_mean"]       GRPO (True) or Dr.GRPO (False); loss reduction
+  max_grad_norm [1.0], weight_decay [0.0],            gradient clip (0 or None: off), AdamW decay,
+  warmup_steps [0]                                    linear warm-up of the learning rate
+  temperature [1.0], top_k [0]                        how rollouts are sampled (top_k 0 = all tokens)
+  chunk_size [0]                                      device kinds: candidates vmapped per chunk;
+                                                      host kinds: candidates trained interleaved
+                                                      (0 = all K at once)
+  eval_batch_size [64]                                prompts per greedy-evaluation batch
+  common_random_numbers [True]                        every candidate of a call trains with the same key
+  dispatch ["auto"]                                   device kinds: "batched" | "loop" | "auto"
+  budget_factor [0.0], budget_reference               host kinds: compute budget (x outcome-only
+  ["base_lengths"], budget_tokens [0],                tokens; 0 disables), inner time limit (s),
+  time_limit_s [0.0], host_workers [4],               host primitive threads, whether trained
+  return_params [True]                                policies come back on the host
+
+Training progress: step s of an S-step run (s = 0..S-1) sees u = s / (S - 1), so u is exactly
+0 on the first step and exactly 1 on the last; a one-step run has only a first step and
+sees u = 0 (`progress`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from derl_jax.rl.grpo import GRPOConfig
+
+DISPATCH_MODES = ("auto", "batched", "loop")
+BUDGET_REFERENCES = ("base_lengths", "outcome_run")
+
+
+def progress(step, steps: int):
+    """u of step `step` (0-based; int or traced array) in a run of `steps` steps: step / (steps - 1),
+    0 when steps == 1. Exactly 0 on the first step and exactly 1 on the last."""
+    if steps < 1:
+        raise ValueError(f"progress: steps must be >= 1, got {steps}")
+    if steps == 1:
+        return step * 0.0
+    return step / (steps - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerConfig:
+    """One inner GRPO run's settings (see the module docstring for every field).
+
+    grpo.group_size is set from `group_size`; final_steps defaults to `steps`.
+    """
+
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
+    final_steps: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    chunk_size: int = 0
+    eval_batch_size: int = 64
+    kl_metric: bool = True
+    common_random_numbers: bool = True
+    dispatch: str = "auto"
+    budget_factor: float = 0.0
+    budget_reference: str = "base_lengths"
+    budget_tokens: int = 0
+    time_limit_s: float = 0.0
+    host_workers: int = 4
+    return_params: bool = True
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"InnerConfig.{name}={getattr(self, name)!r}: {why}")
+
+        def integer(name, minimum):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+                bad(name, f"must be an int >= {minimum}")
+
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_batch_size", "host_workers"):
+            integer(name, 1)
+        for name in ("final_steps", "top_k", "chunk_size", "budget_tokens"):
+            integer(name, 0)
+        if not self.temperature > 0:
+            bad("temperature", "must be > 0")
+        if not isinstance(self.grpo, GRPOConfig):
+            bad("grpo", "must be a GRPOConfig")
+        if self.dispatch not in DISPATCH_MODES:
+            bad("dispatch", f"must be one of {DISPATCH_MODES}")
+        if self.budget_reference not in BUDGET_REFERENCES:
+            bad("budget_reference", f"must be one of {BUDGET_REFERENCES}")
+        if not math.isfinite(self.budget_factor):
+            bad("budget_factor", "must be finite")
+        if not math.isfinite(self.time_limit_s) or self.time_limit_s < 0:
+            bad("time_limit_s", "must be finite and >= 0")
+        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, group_size=int(self.group_size)))
+        if not self.final_steps:
+            object.__setattr__(self, "final_steps", int(self.steps))
+        if self.rollouts_per_step % self.grpo.minibatches:
+            bad("grpo", f"minibatches={self.grpo.minibatches} must divide the {self.rollouts_per_step} rollouts per step")
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether each step computes the reference policy's log-probs."""
+        return self.grpo.kl_coef > 0 or self.kl_metric
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """N = B * G."""
+        return self.prompts_per_step * self.group_size
+
+    def replace(self, **changes) -> "InnerConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _value(block: Any, name: str, default: Any = dataclasses.MISSING) -> Any:
+    if isinstance(block, Mapping) or hasattr(block, "get"):
+        if name in block:
+            return block[name]
+    elif hasattr(block, name):
+        return getattr(block, name)
+    if default is dataclasses.MISSING:
+        raise ValueError(f"config.inner.{name} is missing")
+    return default
+
+
+def grpo_config(block: Any) -> GRPOConfig:
+    """The GRPOConfig of a `config.inner` block (group_size is set by InnerConfig)."""
+    max_grad_norm = _value(block, "max_grad_norm", 1.0)
+    return GRPOConfig(
+        learning_rate=float(_value(block, "lr")),
+        kl_coef=float(_value(block, "kl", 0.0)),
+        kl_kind=str(_value(block, "kl_kind", "k3")),
+        epochs=int(_value(block, "epochs", 1)),
+        minibatches=int(_value(block, "minibatches", 1)),
+        clip_low=float(_value(block, "clip_low", 0.2)),
+        clip_high=float(_value(block, "clip_high", 0.2)),
+        normalize_std=bool(_value(block, "normalize_std", True)),
+        loss_agg=str(_value(block, "loss_agg", "token_mean")),
+        max_grad_norm=float(max_grad_norm) if max_grad_norm else None,
+        weight_decay=float(_value(block, "weight_decay", 0.0)),
+        warmup_steps=int(_value(block, "warmup_steps", 0)),
+    )
+
+
+def inner_config(cfg: Any, max_new_tokens: int) -> InnerConfig:
+    """InnerConfig of a run config: `inner.*`, `final.steps` (optional) and the domain's T."""
+    block = cfg["inner"] if isinstance(cfg, Mapping) else cfg.inner
+    final = cfg.get("final") if isinstance(cfg, Mapping) or hasattr(cfg, "get") else getattr(cfg, "final", None)
+    final_steps = int(_value(final, "steps", 0)) if final is not None else 0
+    fields = {f.name: f for f in dataclasses.fields(InnerConfig)}
+    optional = {name: _value(block, name, fields[name].default)
+                for name in ("temperature", "top_k", "chunk_size", "eval_batch_size", "kl_metric",
+                             "common_random_numbers", "dispatch", "budget_factor", "budget_reference",
+                             "budget_tokens", "time_limit_s", "host_workers", "return_params")}
+    casts = {f.name: type(f.default) for f in fields.values() if f.name in optional}
+    return InnerConfig(
+        steps=int(_value(block, "steps")), prompts_per_step=int(_value(block, "prompts_per_step")),
+        group_size=int(_value(block, "group_size")), max_new_tokens=int(max_new_tokens), grpo=grpo_config(block),
+        final_steps=final_steps, **{name: casts[name](value) for name, value in optional.items()})
+
+
+def metric_names(primitive_names, uses_reference: bool, host: bool = False) -> tuple[str, ...]:
+    """Per-step curves of every rollout kind: mean (sanitized) reward, each primitive's mean
+    (`primitive/{name}`), the count of non-finite rewards, GRPO statistics (KL to the start
+    policy when computed), the mean response length (tokens per completion; per action for
+    multi-turn episodes). Host kinds add trained (1 while the run trains, 0 after a budget
+    stop), generated_tokens, tokens_cumulative, host_seconds, step_seconds, host_share."""
+    kl = ("kl",) if uses_reference else ()
+    names = ("reward_mean", *(f"primitive/{name}" for name in primitive_names), "nonfinite", *kl, "entropy",
+             "clip_fraction", "loss", "grad_norm", "response_length")
+    if host:
+        names += ("trained", "generated_tokens", "tokens_cumulative", "host_seconds", "step_seconds", "host_share")
+    return names

@@ -1,0 +1,145 @@
+"""Where candidates and policies live: the candidate axis, its chunks and padding, meshes.
+
+    map_candidates(fn, in_axes, chunk_size, spmd_axis_name)   vmap over K, or K/c chunks of c
+    padded_count(K, chunk_size, cand_size)                    K rounded up to what the mesh takes
+    run_mesh(cfg)                                             the ('cand', 'data', 'model') mesh of config.mesh
+    candidate_slices(mesh)                                    one ('data', 'model') sub-mesh per 'cand' index
+    place_params(params, mesh), to_host(array)                moving policies on and off the mesh
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from derl_jax.models import transformer as tr
+from derl_jax.models.transformer import abstract_model, config_of
+from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh
+
+
+def params_candidate_axis(graphdef: nnx.GraphDef, params: Any) -> int | None:
+    """0 when every leaf of `params` carries a leading candidate axis K, None when `params`
+    is one policy (leaf shapes as the model's); anything else is an error."""
+    _, template = abstract_model(config_of(graphdef, params))
+    got = [np.ndim(leaf) for leaf in jax.tree_util.tree_leaves(params)]
+    want = [len(leaf.shape) for leaf in jax.tree_util.tree_leaves(template)]
+    if got == want:
+        return None
+    if len(got) == len(want) and all(g == w + 1 for g, w in zip(got, want)):
+        return 0
+    raise ValueError(
+        f"params leaves have ranks {got}; one policy has ranks {want}, a stack of policies one more each")
+
+
+def leading_size(tree: Any, where: str) -> int:
+    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(tree)}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(f"{where}: leaves must share one leading candidate axis, got leading sizes {sizes}")
+    return sizes.pop()
+
+
+def map_candidates(fn: Callable, in_axes: tuple, chunk_size: int, spmd_axis_name: str | None) -> Callable:
+    """`jax.vmap(fn, in_axes)` over a candidate axis, or in chunks of `chunk_size`.
+
+    Chunked: K (a multiple of chunk_size) becomes K / chunk_size sequential chunks
+    (`lax.map`), each vmapping chunk_size candidates; candidate k goes to chunk
+    k % (K / chunk_size), position k // (K / chunk_size), so a 'cand'-sharded K axis maps
+    onto the within-chunk axis. Results come back in the original order.
+    """
+    vmapped = jax.vmap(fn, in_axes=in_axes, spmd_axis_name=spmd_axis_name)
+    if not chunk_size:
+        return vmapped
+
+    def chunked(*args):
+        mapped = [i for i, axis in enumerate(in_axes) if axis == 0]
+        num = leading_size([args[i] for i in mapped], "map_candidates")
+        if num % chunk_size:
+            raise ValueError(f"map_candidates: {num} candidates do not split into chunks of chunk_size={chunk_size}")
+        chunks = num // chunk_size
+
+        def to_chunks(x):
+            return jnp.swapaxes(x.reshape(chunk_size, chunks, *x.shape[1:]), 0, 1)
+
+        def from_chunks(y):
+            return jnp.swapaxes(y, 0, 1).reshape(num, *y.shape[2:])
+
+        def one_chunk(chunk_args):
+            full = list(args)
+            for i, value in zip(mapped, chunk_args):
+                full[i] = value
+            return vmapped(*full)
+
+        chunked_args = tuple(jax.tree_util.tree_map(to_chunks, args[i]) for i in mapped)
+        return jax.tree_util.tree_map(from_chunks, jax.lax.map(one_chunk, chunked_args))
+
+    return chunked
+
+
+def padded_count(count: int, chunk_size: int, cand_size: int) -> int:
+    """Smallest multiple of lcm(chunk_size or 1, cand_size) that is >= count."""
+    unit = math.lcm(max(chunk_size, 1), cand_size)
+    return -(-count // unit) * unit
+
+
+def take_rows(tree: Any, rows: np.ndarray) -> Any:
+    return jax.tree_util.tree_map(lambda x: x[rows], tree)
+
+
+def run_mesh(cfg: Any) -> Mesh:
+    """The mesh of a run config's `mesh` block (cand, data, model; one may be -1 = fill).
+
+    Without a -1 the mesh uses the first cand*data*model devices.
+    """
+    sizes = [int(cfg.mesh.cand), int(cfg.mesh.data), int(cfg.mesh.model)]
+    devices = None if -1 in sizes else jax.devices()[: math.prod(sizes)]
+    if devices is not None and len(devices) < math.prod(sizes):
+        raise ValueError(f"config.mesh asks for {math.prod(sizes)} devices (cand*data*model = {sizes}), "
+                         f"only {len(jax.devices())} exist")
+    return make_mesh(*sizes, devices=devices)
+
+
+def candidate_slices(mesh: Mesh) -> list[Mesh]:
+    """The ('data', 'model') sub-mesh of every index of the 'cand' axis."""
+    for axis in (CAND_AXIS, DATA_AXIS, MODEL_AXIS):
+        if axis not in mesh.axis_names:
+            raise ValueError(f"candidate_slices: the mesh needs axes {(CAND_AXIS, DATA_AXIS, MODEL_AXIS)}, has {mesh.axis_names}")
+    devices = np.asarray(mesh.devices).transpose([mesh.axis_names.index(a) for a in (CAND_AXIS, DATA_AXIS, MODEL_AXIS)])
+    axis_types = (AxisType.Auto, AxisType.Auto)
+    return [Mesh(devices[i], (DATA_AXIS, MODEL_AXIS), axis_types=axis_types) for i in range(devices.shape[0])]
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """A device array as NumPy on this process (gathered from every process when needed)."""
+    if not isinstance(array, jax.Array) or array.is_fully_addressable:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def put_array(value: Any, sharding: NamedSharding) -> jax.Array:
+    if jax.process_count() == 1 or (isinstance(value, jax.Array) and not value.is_fully_addressable):
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def canonical_sharding(sharding: NamedSharding) -> NamedSharding:
+    """The same placement with trailing replicated dimensions dropped from the spec (P(None,) -> P()),
+    the form jitted functions return, so that placed inputs and outputs hit one compiled version."""
+    spec = list(sharding.spec)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
+    """`params` (host or device arrays) on `mesh` by the transformer's sharding metadata."""
+    return jax.tree.map(lambda leaf, sharding: put_array(leaf, canonical_sharding(sharding)), params,
+                        tr.param_shardings(params, mesh))

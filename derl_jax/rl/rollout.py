@@ -1,0 +1,209 @@
+"""The rollout stage of the inner loop, one per rollout kind a domain names (`Domain.rollout`).
+
+  "device"  single-turn sampling scored by device primitives: `single_turn` runs inside the
+            jitted scan of `derl_jax.rl.loop`.
+  "env"     multi-turn episodes against a pure JAX environment (`derl_jax.domains.env`):
+            `episodes` runs every turn (prompt, sample, env.step) in a `lax.scan` inside the
+            same jitted loop, so `vmap` over K programs still trains K policies in one call.
+  "host"    single-turn sampling scored by host primitives (decoded text): the pieces here
+            (`sample_rollouts`, `cut_at_stops`, `completion_logprobs`) are driven by
+            `derl_jax.rl.host_loop`, which overlaps scoring with the next sampling.
+
+A device rollout function is `rollout(params, batch: TokenDataset [N rows], key, greedy) ->
+(episode, update_batch)`: `episode` is what primitives read (single turn: tokens i32[N, T],
+mask bool[N, T]; multi-turn: step_scores f32[N, S], step_mask bool[N, S], success f32[N],
+plus tokens/mask of every action [N, S, A]); `update_batch` holds the rows GRPO trains on
+(prompts i32[R, Tp], prompt_mask, completions i32[R, T], mask bool[R, T] True on policy
+tokens only, old_logp f32[R, T]) with R = N * rows_per_episode, episode-major.
+
+Multi-turn prompts (turn t of an episode, W = `Domain.history`): the task's prompt tokens,
+then for j = t-W .. t-1 the policy's action a_j followed by the observation o_{j+1} it led to
+(o_0, from reset, is the last slot at t = 0); missing turns are padding. Real tokens are
+packed to the right (left padding), so every turn's prompt has the fixed length
+Tp + W * (A + O). Action tokens enter later prompts without their EOS. An episode ends when
+the environment says `done` or after S = env.max_turns turns; turns after the end are
+masked out of the loss and of the step scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from derl_jax.domains.base import TokenDataset
+from derl_jax.domains.env import checked_reset, checked_step
+from derl_jax.models import sampling
+
+ROLLOUT_KINDS = ("device", "host", "env")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRollout:
+    """A rollout stage that runs inside the jitted loop (module docstring).
+
+    fn(params, batch, key, greedy) -> (episode, update_batch)
+    rows_per_episode: R / N (1 single-turn, S multi-turn).
+    prefill_group: rows that share one prompt in update_batch and may be prefilled once (G
+      for single-turn batches built from G copies of each prompt, 1 multi-turn).
+    """
+
+    fn: Callable
+    rows_per_episode: int
+    prefill_group: int
+
+
+def _generate(graphdef, params, prompts, prompt_mask, key, *, domain, cfg, greedy, group_size):
+    return sampling.sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=cfg.max_new_tokens,
+                           eos_id=domain.eos_id, pad_id=domain.pad_id, temperature=cfg.temperature,
+                           top_k=cfg.top_k, greedy=greedy, group_size=group_size)
+
+
+def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
+    """Device single-turn rollouts: sample T tokens after each prompt (rows [b*G, (b+1)*G)
+    share a prompt when sampling for training)."""
+    group = cfg.group_size
+
+    def fn(params, batch: TokenDataset, key, greedy: bool):
+        prompts, prompt_mask = over_data(batch.prompts), over_data(batch.prompt_mask)
+        out = _generate(graphdef, params, prompts, prompt_mask, key, domain=domain, cfg=cfg, greedy=greedy,
+                        group_size=1 if greedy else group)
+        episode = {"tokens": out.tokens, "mask": out.mask}
+        update_batch = {"prompts": prompts, "prompt_mask": prompt_mask, "completions": out.tokens,
+                        "mask": out.mask, "old_logp": out.sampling_logprobs}
+        return episode, update_batch
+
+    return DeviceRollout(fn=fn, rows_per_episode=1, prefill_group=group)
+
+
+# ----------------------------------------------------------------------------- multi-turn
+
+
+def left_pack(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Move the real tokens of every row of i32[N, L] / bool[N, L] to the right end, in order."""
+    order = jnp.argsort(mask.astype(jnp.int32), axis=-1, stable=True)
+    return jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(mask, order, axis=-1)
+
+
+def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array,
+                 observations: jax.Array, obs_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Prompts of one turn: task i32[N, Tp], actions i32[N, W, A], observations i32[N, W, O]
+    (slot j: action j and the observation it led to) -> left-padded i32[N, Tp + W*(A+O)] and mask."""
+    chex.assert_rank([task, actions, observations], [2, 3, 3])
+    history = jnp.concatenate([actions, observations], axis=-1).reshape(task.shape[0], -1)
+    history_mask = jnp.concatenate([action_mask, obs_mask], axis=-1).reshape(task.shape[0], -1)
+    return left_pack(jnp.concatenate([task, history], axis=1), jnp.concatenate([task_mask, history_mask], axis=1))
+
+
+def _shift_in(history: jax.Array, latest: jax.Array) -> jax.Array:
+    """[N, W, L] history with its oldest slot dropped and `latest` [N, L] appended."""
+    return jnp.concatenate([history[:, 1:], latest[:, None]], axis=1)
+
+
+def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
+    """Multi-turn rollouts against `domain.env` (a pure JAX environment), every turn in one scan."""
+    env, window, pad, eos = domain.env, int(domain.history), domain.pad_id, domain.eos_id
+    turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
+    if act_len != cfg.max_new_tokens:
+        raise ValueError(f"multi-turn domain {domain.name!r}: env.action_length={act_len} but the policy "
+                         f"generates max_new_tokens={cfg.max_new_tokens} tokens per turn")
+    reset = jax.vmap(lambda key, task: checked_reset(env, key, task))
+    step = jax.vmap(lambda state, action: checked_step(env, state, action))
+
+    def fn(params, batch: TokenDataset, key, greedy: bool):
+        count = batch.size
+        reset_key, turn_key = jax.random.split(key)
+        obs, state = reset(jax.random.split(reset_key, count), dict(batch.context))
+        observations = jnp.full((count, window, obs_len), pad, jnp.int32).at[:, -1].set(obs)
+        actions = jnp.full((count, window, act_len), pad, jnp.int32)
+
+        def turn(carry, index):
+            state, observations, actions, alive, success = carry
+            prompts, prompt_mask = turn_prompts(batch.prompts, batch.prompt_mask, actions, actions != pad,
+                                                observations, observations != pad)
+            prompts, prompt_mask = over_data(prompts), over_data(prompt_mask)
+            out = _generate(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, index),
+                            domain=domain, cfg=cfg, greedy=greedy, group_size=1)
+            action = jnp.where(out.mask & (out.tokens != eos), out.tokens, pad)
+            obs, new_state, _, done, info = step(state, action)
+            keep = lambda new, old: jnp.where(alive.reshape(alive.shape + (1,) * (new.ndim - 1)), new, old)  # noqa: E731
+            state = jax.tree_util.tree_map(keep, new_state, state)
+            observations = keep(_shift_in(observations, obs), observations)
+            actions = keep(_shift_in(actions, action), actions)
+            success = jnp.where(alive, jnp.maximum(success, info["success"].astype(jnp.float32)), success)
+            record = {"prompts": prompts, "prompt_mask": prompt_mask, "completions": out.tokens,
+                      "mask": out.mask & alive[:, None], "old_logp": out.sampling_logprobs,
+                      "step_score": info["step_score"].astype(jnp.float32), "alive": alive}
+            return (state, observations, actions, alive & ~done, success), record
+
+        carry = (state, observations, actions, jnp.ones((count,), bool), jnp.zeros((count,), jnp.float32))
+        (*_, success), records = jax.lax.scan(turn, carry, jnp.arange(turns))
+        per_episode = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), records)  # [N, S, ...]
+        episode = {"step_scores": per_episode["step_score"], "step_mask": per_episode["alive"], "success": success,
+                   "tokens": per_episode["completions"], "mask": per_episode["mask"]}
+        rows = {name: per_episode[name].reshape(count * turns, *per_episode[name].shape[2:])
+                for name in ("prompts", "prompt_mask", "completions", "mask", "old_logp")}
+        return episode, rows
+
+    return DeviceRollout(fn=fn, rows_per_episode=turns, prefill_group=1)
+
+
+def device_rollout(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
+    """The in-scan rollout stage of `domain.rollout` ("device" or "env")."""
+    if domain.rollout == "device":
+        return single_turn(domain, graphdef, cfg, over_data)
+    if domain.rollout == "env":
+        return episodes(domain, graphdef, cfg, over_data)
+    raise ValueError(f"device_rollout: domain {domain.name!r} has rollout kind {domain.rollout!r}; the jitted loop "
+                     f"runs 'device' and 'env' (host kinds go through derl_jax.rl.host_loop)")
+
+
+# ----------------------------------------------------------------------------- host-scored single turn
+
+
+@struct.dataclass
+class Rollouts:
+    """A batch of sampled completions (N rows) for host scoring.
+
+    prompts i32[N, Tp], prompt_mask bool[N, Tp]: the left-padded prompts;
+    completions i32[N, T] (pad after the stop token); mask bool[N, T] True up to and
+    including the first stop token; logprobs f32[N, T] temperature-1 policy log-probs of the
+    completion tokens (0 where masked); lengths i32[N].
+    """
+
+    prompts: jax.Array
+    prompt_mask: jax.Array
+    completions: jax.Array
+    mask: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+
+
+def cut_at_stops(tokens: jax.Array, mask: jax.Array, stop_ids: Sequence[int]) -> jax.Array:
+    """bool[N, T]: `mask` with every position after the first stop token of a row cleared."""
+    is_stop = jnp.isin(tokens, jnp.asarray(tuple(stop_ids), jnp.int32)) & mask
+    stops_before = jnp.cumsum(is_stop.astype(jnp.int32), axis=1) - is_stop.astype(jnp.int32)
+    return mask & (stops_before == 0)
+
+
+def sample_rollouts(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
+                    key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int, stop_ids: tuple[int, ...],
+                    temperature: float, top_k: int, greedy: bool) -> Rollouts:
+    """Sample (or greedily decode) completions of `prompts` i32[N, Tp]; cut at stop tokens."""
+    out = sampling.sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                          pad_id=pad_id, temperature=temperature, top_k=top_k, greedy=greedy)
+    mask = cut_at_stops(out.tokens, out.mask, stop_ids)
+    return Rollouts(prompts=prompts, prompt_mask=prompt_mask, completions=jnp.where(mask, out.tokens, pad_id),
+                    mask=mask, logprobs=jnp.where(mask, out.logprobs, 0.0),
+                    lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
+
+
+def completion_logprobs(graphdef: nnx.GraphDef, params: nnx.State, rollouts: Rollouts) -> jax.Array:
+    """f32[N, T]: teacher-forced temperature-1 log-probs of the completion tokens under `params`."""
+    logp, _ = sampling.sequence_logprobs(graphdef, params, rollouts.prompts, rollouts.prompt_mask,
+                                         rollouts.completions, rollouts.mask)
+    return logp

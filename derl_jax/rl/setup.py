@@ -1,0 +1,124 @@
+"""Building the inner loop of a run: the base policy, the mesh and the one evaluator.
+
+    base_params, evaluator = build_inner(domain, cfg, workdir)
+
+The base policy is a local Hugging Face checkpoint (`config.policy.checkpoint`, Qwen2 /
+Qwen2.5) or a scratch policy of the `config.policy` sizes, warm-started by supervised
+fine-tuning on the domain's corpus when `config.policy.sft_steps` > 0 (cached under
+`<workdir>/base_policy/`; the corpus leaves out the validation rows of
+`config.outer.split_seed`, so validation scores measure held-out accuracy). The evaluator
+(`derl_jax.evaluator.CandidateEvaluator`) is chosen by the domain's rollout kind: device
+kinds ("device", "env") train K candidates in the jitted loop (`DeviceEvaluator`), the host
+kind overlaps host scoring with sampling (`HostEvaluator`); both read the same
+`InnerConfig` (`derl_jax.rl.config`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from derl_jax.domains.base import Domain, TokenDataset, split_train
+from derl_jax.rl import sft
+from derl_jax.rl.config import inner_config
+from derl_jax.rl.device_evaluator import DeviceEvaluator
+from derl_jax.rl.host_loop import HostEvaluator
+from derl_jax.rl.placement import run_mesh
+
+BASE_POLICY_DIR = "base_policy"
+DOMAIN_INFO_FILE = "domain.json"
+
+
+def _policy_field(cfg: Any, name: str, default: Any) -> Any:
+    policy = cfg.policy
+    return policy.get(name, default) if hasattr(policy, "get") else getattr(policy, name, default)
+
+
+def validation_rows(num_train: int, split_seed: int) -> np.ndarray:
+    """Rows of the training split that the outer loop holds out for validation
+    (`derl_jax.domains.base.split_train` applied to row numbers)."""
+    rows = np.arange(num_train)
+    numbered = TokenDataset(prompts=rows[:, None], prompt_mask=np.ones((num_train, 1), bool), context={})
+    _, validation = split_train(numbered, split_seed)
+    return np.asarray(validation.prompts)[:, 0]
+
+
+def load_checkpoint(domain: Domain, cfg: Any) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params) of the local Hugging Face checkpoint `config.policy.checkpoint`."""
+    from derl_jax.models import hf
+
+    checkpoint = os.path.expanduser(str(cfg.policy.checkpoint).strip())
+    compute = str(_policy_field(cfg, "compute_dtype", "")) or None
+    config, graphdef, params = hf.load_hf_model(checkpoint, str(_policy_field(cfg, "param_dtype", "")) or None,
+                                                compute_dtype=compute, remat=bool(_policy_field(cfg, "remat", False)))
+    where = f"config.policy.checkpoint={checkpoint!r}"
+    if config.vocab_size < domain.tokenizer.vocab_size:
+        raise ValueError(f"{where}: vocabulary of {config.vocab_size} tokens, but the tokenizer has "
+                         f"{domain.tokenizer.vocab_size}")
+    longest = domain.prompt_length + domain.max_new_tokens
+    if longest > config.max_position:
+        raise ValueError(f"{where}: max_position {config.max_position} < the longest prompt plus completion ({longest})")
+    return graphdef, params
+
+
+def base_policy(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params) of the run's base policy (module docstring)."""
+    if str(_policy_field(cfg, "checkpoint", "")).strip():
+        return load_checkpoint(domain, cfg)
+    held_out = validation_rows(domain.train.size, int(cfg.outer.split_seed))
+    cache = os.path.join(os.fspath(workdir), BASE_POLICY_DIR) if workdir is not None else None
+    if cache is None:
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix="derl_base_policy_")
+    return sft.base_policy(domain, cfg.policy, cache, seed=int(cfg.seed), holdout_rows=held_out)
+
+
+def make_evaluator(domain: Domain, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh | None = None):
+    """The evaluator of `domain`'s rollout kind under a run config (`config.inner`, `final.steps`,
+    `config.mesh` unless `mesh` is given).
+
+    `config.inner.dispatch` (device kinds): "batched", "loop", or "auto" = "loop" on a single
+    CPU device (faster there, see benchmarks/bench_inner.py, and one compilation for any
+    number of candidates) and "batched" otherwise.
+    """
+    mesh = run_mesh(cfg) if mesh is None else mesh
+    inner = inner_config(cfg, domain.max_new_tokens)
+    if domain.rollout == "host":
+        return HostEvaluator(domain, graphdef, inner, mesh)
+    dispatch = inner.dispatch
+    if dispatch == "auto":
+        single_cpu = mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"
+        dispatch = "loop" if single_cpu else "batched"
+    return DeviceEvaluator(domain, graphdef, inner, mesh=mesh, dispatch=dispatch)
+
+
+def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> tuple[Any, Any]:
+    """(base_params, evaluator) of a run: the policy (checkpoint, or scratch + warm start), the
+    mesh and the evaluator of the domain's rollout kind. `workdir` (when given) receives
+    `domain.json` (the domain's info, primitives, rollout kind and mesh) and the cached base policy."""
+    mesh = run_mesh(cfg)
+    graphdef, params = base_policy(domain, cfg, workdir)
+    evaluator = make_evaluator(domain, graphdef, cfg, mesh)
+    if domain.rollout == "host":
+        params = evaluator.place(params)
+    if workdir is not None:
+        os.makedirs(os.fspath(workdir), exist_ok=True)
+        info = {key: value for key, value in dict(domain.info).items() if _is_json(value)}
+        with open(os.path.join(os.fspath(workdir), DOMAIN_INFO_FILE), "w", encoding="utf-8") as handle:
+            json.dump({**info, "domain": domain.name, "rollout": domain.rollout,
+                       "primitives": list(domain.primitive_names), "mesh": dict(mesh.shape)}, handle, indent=2)
+    return params, evaluator
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
