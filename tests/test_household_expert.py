@@ -99,17 +99,14 @@ def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
     assert len(corpus) == int(mask.sum())
     first_prompt, first_action = corpus[0]
     description = np.asarray(tasks.description[0])
-    obs0 = episodes["obs"][0, 0]
-    expected = [vocab.BOS_ID, *description[description != vocab.PAD_ID], vocab.OBS_ID,
-                *obs0[obs0 != vocab.PAD_ID], vocab.ACT_ID]
+    obs0, obs1 = episodes["obs"][0, 0], episodes["obs"][0, 1]
+    expected = [vocab.BOS_ID, *description[description != vocab.PAD_ID], *obs0[obs0 != vocab.PAD_ID]]
     assert first_prompt.tolist() == expected
     assert first_action.tolist() == [t for t in actions[0, 0].tolist() if t != vocab.PAD_ID]
     second_prompt, _ = corpus[1]
-    assert second_prompt[: len(expected) - 1].tolist() == expected[:-1]
-    assert second_prompt[len(expected) - 1 : len(expected) - 1 + len(first_action) + 1].tolist() == [
-        vocab.ACT_ID, *first_action.tolist()]
+    assert second_prompt.tolist() == expected + first_action.tolist() + obs1[obs1 != vocab.PAD_ID].tolist()
     for prompt, action in corpus[:200]:
-        assert prompt[0] == vocab.BOS_ID and prompt[-1] == vocab.ACT_ID
+        assert prompt[0] == vocab.BOS_ID
         assert vocab.PAD_ID not in prompt.tolist() and vocab.PAD_ID not in action.tolist()
         assert len(prompt) <= prompts.shape[-1] and 1 <= len(action) <= ENV.action_length
     tagged = np.mean([int(a[0]) in vocab.TAG_IDS for _, a in corpus])

@@ -2,8 +2,8 @@
 
 `sft_corpus(tasks, seed, perturb_rate)` plays every task once with the perturbed expert
 (expert.py) through the jitted, vmapped environment and returns one (prompt, action) pair per
-turn taken: the prompt as `build_prompt` writes it (task, last W turns, current observation;
-BOS first, no padding) and the action's tokens (tag first, no padding, no EOS). Perturbed turns
+turn taken: the prompt as `build_prompt` writes it (BOS, the task, the last W actions and the
+observations they led to; no padding) and the action's tokens (tag first, no padding, no EOS). Perturbed turns
 keep their random action and tag, so the corpus mixes correct and incorrect behaviour at about
 `perturb_rate`.
 """
@@ -20,7 +20,7 @@ from derl_jax.domains.household import vocab
 from derl_jax.domains.household.actions import truncate_at_eos
 from derl_jax.domains.household.env import HouseholdEnv
 from derl_jax.domains.household.expert import perturbed_policy, rollout
-from derl_jax.domains.household.prompt import History, build_prompt, empty_history, push_history
+from derl_jax.domains.household.prompt import History, build_prompt, push_history, start_history, task_prompt
 from derl_jax.domains.household.tasks import Task, to_device
 
 DEFAULT_WINDOW = 2
@@ -31,13 +31,13 @@ def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, 
 
     description i32[D]; obs i32[S+1, O] (obs[t] seen at turn t); actions i32[S, A].
     """
-    def turn(history: History, step):
-        current_obs, action = step
-        prompt = build_prompt(description, history, current_obs)
-        return push_history(history, current_obs, action), prompt
+    task_tokens = task_prompt(description)
 
-    start = empty_history(window, obs.shape[1], actions.shape[1])
-    _, prompts = jax.lax.scan(turn, start, (obs[:-1], actions))
+    def turn(history: History, step):
+        action, next_obs = step
+        return push_history(history, action, next_obs), build_prompt(task_tokens, history)
+
+    _, prompts = jax.lax.scan(turn, start_history(window, obs[0], actions.shape[1]), (actions, obs[1:]))
     return prompts
 
 

@@ -31,6 +31,7 @@ A step scores 1 when its action is well-formed and its tag is one of the correct
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ from derl_jax.domains.household import text, vocab
 from derl_jax.domains.household.tasks import (CLEAN, COOL, EXAMINE, HEAT, HELD, PICK_TWO, Task)
 
 OBS_LENGTH = 64
+TASK_FIELDS = tuple(field.name for field in dataclasses.fields(Task))
 TAG_PRIORITY = (vocab.PLAN, vocab.REFLECT, vocab.EXPLORE, vocab.ACT_TAG)
 
 
@@ -219,8 +221,11 @@ class HouseholdEnv:
                              f"{A.ACTION_LENGTH}, got {self.obs_length} and {self.action_length}")
 
     def reset(self, key: jax.Array, task: Task) -> tuple[jax.Array, HouseholdState]:
-        """(obs i32[O], state) in the middle of the room of `task` (`key` is unused: the task fixes all)."""
+        """(obs i32[O], state) in the middle of the room of `task` (a `Task` or a mapping with its
+        fields; `key` is unused: the task fixes everything)."""
         del key
+        if isinstance(task, Mapping):   # a row of a dataset's context: the fields of `Task`
+            task = Task(**{name: task[name] for name in TASK_FIELDS})
         task = jax.tree_util.tree_map(jnp.asarray, task)
         num_obj, num_rec = task.obj_type.shape[0], task.recep_type.shape[0]
         no_obj, no_rec, false = jnp.zeros(num_obj, bool), jnp.zeros(num_rec, bool), jnp.bool_(False)

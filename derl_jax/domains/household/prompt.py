@@ -1,15 +1,17 @@
-"""Each turn's prompt from the task, a window of past turns and the current observation.
+"""Each turn's prompt: the task, then the last W (action, observation) turns.
 
-    <bos> description  (<obs> obs_i <act> action_i)  for the last W turns, oldest first
-    <obs> current_obs <act>
+The layout is the multi-turn rollout's (`derl_jax.rl.rollout.turn_prompts`), so the supervised
+corpus and the inner loop show the policy the same prompts:
 
-Pad tokens (and anything from an action's first eos on) are dropped and the prompt is
-left-padded to `prompt_length(W)`, so the policy continues right after the final <act>.
-`push_history` slides the window by one turn. Both are pure and jit/vmap-able; the SFT corpus
-(corpus.py) and the multi-turn rollout build prompts with the same two functions.
+    <bos> description   a_{t-W} o_{t-W+1}   ...   a_{t-1} o_t
 
-Shapes: D description tokens, W window turns, O observation tokens, A action tokens,
-P = prompt_length(W).
+Slot j of the window holds an action and the observation it led to; at reset the last slot
+holds only o_0 (its action is padding). Pad tokens (and anything from an action's first eos on)
+are dropped and the prompt is left-padded to `prompt_length(W)`. `task_prompt`, `push_history`
+and `build_prompt` are pure and jit/vmap-able.
+
+Shapes: D description tokens, Tp = D + 1 task prompt tokens, W window turns, O observation
+tokens, A action tokens, P = prompt_length(W).
 """
 
 from __future__ import annotations
@@ -23,55 +25,50 @@ from derl_jax.domains.household.actions import ACTION_LENGTH, truncate_at_eos
 from derl_jax.domains.household.env import OBS_LENGTH
 from derl_jax.domains.household.tasks import DESCRIPTION_LENGTH
 
+TASK_PROMPT_LENGTH = 1 + DESCRIPTION_LENGTH
+
 
 def prompt_length(window: int, obs_length: int = OBS_LENGTH, action_length: int = ACTION_LENGTH,
-                  description_length: int = DESCRIPTION_LENGTH) -> int:
-    """P: the longest prompt of a window of `window` past turns."""
-    if window < 0:
-        raise ValueError(f"household prompt window must be >= 0, got {window}")
-    return 1 + description_length + window * (2 + obs_length + action_length) + 2 + obs_length
+                  task_length: int = TASK_PROMPT_LENGTH) -> int:
+    """P: the longest prompt of a window of `window` turns."""
+    if window < 1:
+        raise ValueError(f"household prompt window must be >= 1, got {window}")
+    return task_length + window * (action_length + obs_length)
+
+
+def task_prompt(description: jax.Array) -> jax.Array:
+    """i32[D+1]: <bos> and the description i32[D], left-padded (a row of the domain's prompts)."""
+    tokens = jnp.concatenate([jnp.array([vocab.BOS_ID], jnp.int32), description.astype(jnp.int32)])
+    return text.pack(tokens, tokens != vocab.PAD_ID, tokens.shape[0], left=True)
 
 
 @struct.dataclass
 class History:
-    """The last W turns: obs i32[W, O], actions i32[W, A], count i32[] (turns held, <= W; the
-    newest turn is the last row)."""
+    """The window: actions i32[W, A] and obs i32[W, O]; slot j holds an action and the observation
+    it led to, the newest turn in the last slot."""
 
-    obs: jax.Array
     actions: jax.Array
-    count: jax.Array
+    obs: jax.Array
 
 
-def empty_history(window: int, obs_length: int = OBS_LENGTH, action_length: int = ACTION_LENGTH) -> History:
-    return History(obs=jnp.full((window, obs_length), vocab.PAD_ID, jnp.int32),
-                   actions=jnp.full((window, action_length), vocab.PAD_ID, jnp.int32),
-                   count=jnp.int32(0))
+def start_history(window: int, first_obs: jax.Array, action_length: int = ACTION_LENGTH) -> History:
+    """The window at reset: padding, with `first_obs` i32[O] in the last slot."""
+    obs = jnp.full((window, first_obs.shape[0]), vocab.PAD_ID, jnp.int32).at[-1].set(first_obs.astype(jnp.int32))
+    return History(actions=jnp.full((window, action_length), vocab.PAD_ID, jnp.int32), obs=obs)
 
 
-def push_history(history: History, obs: jax.Array, action: jax.Array) -> History:
-    """The window after a turn that saw `obs` i32[O] and took `action` i32[A] (the oldest turn drops out)."""
-    window = history.obs.shape[0]
-    if window == 0:
-        return history
-    return History(obs=jnp.concatenate([history.obs[1:], obs[None].astype(jnp.int32)]),
-                   actions=jnp.concatenate([history.actions[1:], truncate_at_eos(action)[None]]),
-                   count=jnp.minimum(history.count + 1, window).astype(jnp.int32))
+def push_history(history: History, action: jax.Array, next_obs: jax.Array) -> History:
+    """The window after a turn took `action` i32[A] and saw `next_obs` i32[O] (the oldest slot drops out)."""
+    return History(actions=jnp.concatenate([history.actions[1:], truncate_at_eos(action)[None]]),
+                   obs=jnp.concatenate([history.obs[1:], next_obs[None].astype(jnp.int32)]))
 
 
-def build_prompt(description: jax.Array, history: History, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(tokens i32[P], mask bool[P]): the left-padded prompt of a turn (see the module docstring)."""
-    window, obs_length = history.obs.shape
-    action_length = history.actions.shape[1]
-    held = jnp.arange(window) >= window - history.count                       # bool[W]
-    obs_marker = jnp.full((window, 1), vocab.OBS_ID, jnp.int32)
-    act_marker = jnp.full((window, 1), vocab.ACT_ID, jnp.int32)
-    turns = jnp.concatenate([obs_marker, history.obs, act_marker, truncate_at_eos(history.actions)], axis=1)
-    turn_mask = (turns != vocab.PAD_ID) & held[:, None]
-    tokens = jnp.concatenate([jnp.array([vocab.BOS_ID], jnp.int32), description.astype(jnp.int32),
-                              turns.reshape(-1), jnp.array([vocab.OBS_ID], jnp.int32), obs.astype(jnp.int32),
-                              jnp.array([vocab.ACT_ID], jnp.int32)])
-    mask = jnp.concatenate([jnp.array([True]), description != vocab.PAD_ID, turn_mask.reshape(-1),
-                            jnp.array([True]), obs != vocab.PAD_ID, jnp.array([True])])
-    length = prompt_length(window, obs_length, action_length, description.shape[0])
-    packed = text.pack(tokens, mask, length, left=True)
-    return packed, jnp.arange(length) >= length - jnp.sum(mask)
+def build_prompt(task_tokens: jax.Array, history: History) -> tuple[jax.Array, jax.Array]:
+    """(tokens i32[P], mask bool[P]): the left-padded prompt of a turn from the task prompt i32[Tp]
+    (`task_prompt`) and the window."""
+    window, action_length = history.actions.shape
+    turns = jnp.concatenate([truncate_at_eos(history.actions), history.obs], axis=1).reshape(-1)
+    tokens = jnp.concatenate([task_tokens.astype(jnp.int32), turns])
+    mask = tokens != vocab.PAD_ID
+    length = prompt_length(window, history.obs.shape[1], action_length, task_tokens.shape[0])
+    return text.pack(tokens, mask, length, left=True), jnp.arange(length) >= length - jnp.sum(mask)
