@@ -29,7 +29,10 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        and whether each candidate's trained policy is also tested (candidate_test)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device
-  primitives.modules   extra modules to import so their primitives register (dotted names)
+  primitives.modules   modules outside the `primitives` package to import so their primitives
+                       register (dotted names; the package's own modules are always found)
+  primitives.extra     registered primitives of this domain to add after its own (g5, g6, ...
+                       for a 4-primitive domain); expressions may also use their names
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_
     """A run config: `name`, the experiment's `domain` and `policy` blocks, the shared blocks."""
     blocks = {
         "domain": domain, "policy": policy, "inner": INNER, "meta": META, "outer": OUTER, "evolution": EVOLUTION,
-        "final": FINAL, "compare": COMPARE, "mesh": MESH, "primitives": {"modules": ()},
+        "final": FINAL, "compare": COMPARE, "mesh": MESH, "primitives": {"modules": (), "extra": ()},
     }
     cfg = ml_collections.ConfigDict({"name": name, "seed": 0})
     for block, fields in blocks.items():

@@ -122,7 +122,7 @@ def model_sizes(cfg: Any, section: str) -> None:
 
 
 def validate_shared(cfg: Any) -> None:
-    """Seed, name, domain.kind (a name), policy, inner and GRPO keys, mesh, primitives.modules; no domain lookup."""
+    """Seed, name, domain.kind (a name), policy, inner and GRPO keys, mesh, primitives.modules / extra; no domain lookup."""
     int_at_least(cfg, "seed", 0)
     name = config_value(cfg, "name")
     if not isinstance(name, str) or not name.strip() or "/" in name:
@@ -151,11 +151,11 @@ def validate_shared(cfg: Any) -> None:
         size = config_value(cfg, f"mesh.{axis}")
         if not is_int(size) or (size < 1 and size != -1):
             raise ConfigError(f"config.mesh.{axis} must be a positive integer or -1 (fill), got {size!r}")
-    if has_field(cfg, "primitives.modules"):
-        modules = config_value(cfg, "primitives.modules")
-        if isinstance(modules, str) or not isinstance(modules, Sequence) or not all(
-                isinstance(m, str) and m for m in modules):
-            raise ConfigError(f"config.primitives.modules must be a tuple of module names, got {modules!r}")
+    for field, what in (("modules", "module names"), ("extra", "primitive names")):
+        if has_field(cfg, f"primitives.{field}"):
+            names = config_value(cfg, f"primitives.{field}")
+            if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) and n for n in names):
+                raise ConfigError(f"config.primitives.{field} must be a tuple of {what}, got {names!r}")
 
 
 def _optional_inner_fields(cfg: Any, block: str) -> None:

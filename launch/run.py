@@ -88,11 +88,26 @@ def validate(cfg: Any) -> None:
 
     config_checks.validate(cfg)
     validate_outer_loop(cfg)
-    modules = config_checks.config_value(cfg, "primitives.modules") if config_checks.has_field(cfg, "primitives.modules") else ()
     try:
-        primitive_registry.import_modules(tuple(modules))
+        primitive_registry.import_modules(_primitives_entry(cfg, "modules"))
     except ModuleNotFoundError as err:
         raise ConfigError(f"config.primitives.modules: no module named {err.name!r}") from None
+    for name in _primitives_entry(cfg, "extra"):
+        try:
+            primitive_registry.get(cfg.domain.kind, name)
+        except KeyError as err:
+            raise ConfigError(f"config.primitives.extra: {err.args[0]}") from None
+
+
+def _primitives_entry(cfg: Any, field: str) -> tuple[str, ...]:
+    """`config.primitives.<field>` (module names or extra primitive names); () when absent."""
+    path = f"primitives.{field}"
+    return tuple(config_checks.config_value(cfg, path)) if config_checks.has_field(cfg, path) else ()
+
+
+def primitive_names(cfg: Any) -> tuple[str, ...]:
+    """The run's primitives in order (g1, g2, ...): the domain's, then `config.primitives.extra`; no data loaded."""
+    return tuple(get_domain(cfg.domain.kind).primitive_names(cfg)) + _primitives_entry(cfg, "extra")
 
 
 def default_workdir(cfg: Any) -> str:
@@ -139,7 +154,7 @@ def plan(cfg: Any, workdir: str, mode: str, expression: str | None = None) -> Pl
     if expression is not None and mode != "final":
         raise InputError(f"--expression applies to --mode=final only; --mode={mode} finds its own expressions")
     validate(cfg)
-    names = tuple(get_domain(cfg.domain.kind).primitive_names(cfg))
+    names = primitive_names(cfg)
     run_dir.check_writable(workdir)
     if mode == "final":
         expression, source = final_expression(workdir, expression)
@@ -151,11 +166,16 @@ def plan(cfg: Any, workdir: str, mode: str, expression: str | None = None) -> Pl
 
 
 def build_domain(cfg: Any):
-    """The domain named by `config.domain.kind` (data, primitives, tokenizer; no model)."""
+    """The domain named by `config.domain.kind` (data, primitives, tokenizer; no model), with the
+    primitives of `config.primitives.extra` after its own."""
     try:
-        return get_domain(cfg.domain.kind).build(cfg)
+        domain = get_domain(cfg.domain.kind).build(cfg)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
         raise InputError(str(err)) from err  # a data file the config names
+    extra = _primitives_entry(cfg, "extra")
+    if not extra:
+        return domain
+    return dataclasses.replace(domain, primitives=tuple(domain.primitives) + primitive_registry.resolve(domain.name, extra))
 
 
 def build_inner(domain: Any, cfg: Any, workdir: str):

@@ -101,6 +101,7 @@ def test_validate_accepts_the_shared_blocks_and_runs_the_domain_check(unit_domai
         ("inner.dispatch", "fast", "config.inner.dispatch must be one of"),
         ("inner.kl_metric", 1, "config.inner.kl_metric must be True or False, got 1"),
         ("primitives.modules", "my.mod", "config.primitives.modules must be a tuple of module names, got 'my.mod'"),
+        ("primitives.extra", ("ok", ""), "config.primitives.extra must be a tuple of primitive names, got ('ok', '')"),
         ("mesh.cand", 0, "config.mesh.cand must be a positive integer or -1 (fill), got 0"),
         ("mesh.model", -2, "config.mesh.model must be a positive integer or -1 (fill), got -2"),
     ],

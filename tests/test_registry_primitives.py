@@ -103,3 +103,57 @@ def test_a_module_named_in_the_config_registers_its_primitives(tmp_path, monkeyp
         sys.modules.pop("my_reward_family", None)
         for key in [k for k in registry._REGISTRY if k[0] == "unit_cfg"]:
             del registry._REGISTRY[key]
+
+
+# The README's "Adding a primitive" example, verbatim: one new file in primitives/, no other edit.
+README_EXAMPLE = '''
+import jax.numpy as jnp
+from primitives.registry import primitive
+
+@primitive("short_answer", kind="device", domain="arith")
+def short_answer(rollout, context):
+    """1 when the completion is at most 12 tokens long.  rollout["mask"]: bool[N, T]."""
+    return (rollout["mask"].sum(-1) <= 12).astype(jnp.float32)
+'''
+
+
+@pytest.fixture
+def readme_primitive(tmp_path, monkeypatch):
+    monkeypatch.setattr(primitives, "__path__", [*primitives.__path__, str(tmp_path)])
+    (tmp_path / "my_prims.py").write_text(README_EXAMPLE)
+    yield
+    sys.modules.pop("primitives.my_prims", None)
+    registry._REGISTRY.pop(("arith", "short_answer"), None)
+
+
+def test_the_readme_example_adds_a_primitive_to_a_run_by_config_alone(readme_primitive, tmp_path):
+    from test_launch import load_launcher
+    from test_search import get_config
+
+    from primitives.arith import correct
+
+    launcher = load_launcher()
+    cfg = get_config("smoke")
+    cfg.primitives.extra = ("short_answer",)  # --config.primitives.extra="('short_answer',)"
+    checked = launcher.plan(cfg, str(tmp_path / "run"), "final", "correct + 0.5*short_answer")
+    assert checked.primitive_names == ("correct", "boxed", "steps", "gold_anywhere", "short_answer")
+    domain = launcher.build_domain(cfg)
+    assert domain.primitive_names == checked.primitive_names and domain.primitives[-1].kind == "device"
+
+    # The reward the inner loop computes for two rollouts of the first test prompts.
+    tokenizer = domain.tokenizer
+    rows = domain.test.take(np.arange(2)).context
+    completions = ["1+2=3;[3]", "12345678901234"]
+    tokens = np.zeros((2, 16), np.int32)
+    mask = np.zeros((2, 16), bool)
+    for i, text in enumerate(completions):
+        ids = [tokenizer.id_of(c) for c in text]
+        tokens[i, : len(ids)], mask[i, : len(ids)] = ids, True
+    rollout = {"tokens": jnp.asarray(tokens), "mask": jnp.asarray(mask)}
+    values = jnp.stack([p.fn(rollout, rows) for p in domain.primitives], axis=-1)  # f32[2, 5]
+    tree, validity = check_text("correct + 0.5*short_answer", registry.symbol_table(domain.primitives))
+    assert validity.ok, validity.reason
+    rewards = evaluate(compile_expr(tree, num_primitives=5), values, jnp.float32(0.5))
+    expected = np.asarray(correct(rollout, rows)) + 0.5 * (mask.sum(-1) <= 12)
+    np.testing.assert_allclose(np.asarray(rewards), expected, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(values[:, 4]), [1.0, 0.0])  # 9 tokens are short, 14 are not
