@@ -24,7 +24,8 @@ from derl_jax.meta.hf_constraint import (
     symbols_of_tokens,
     tokenizer_token_table,
 )
-from derl_jax.meta.optimizer import MetaOptimizer, meta_prompt
+from derl_jax.meta.meta_model import meta_prompt
+from derl_jax.meta.optimizer import MetaOptimizer
 from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
 from derl_jax.models.sampling import Constraint
 
