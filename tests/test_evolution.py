@@ -12,16 +12,18 @@ from derl_jax.meta import evolution as evo
 from derl_jax.meta.evolution import (
     MAX_DEPTH,
     MAX_NODES,
-    EvolutionState,
     crossover,
-    expr_from_data,
-    expr_to_data,
     mutate,
-    next_generation,
     node_paths,
     random_expr,
     replace_subtree_at,
     subtree_at,
+)
+from derl_jax.meta.evolution_population import (
+    EvolutionState,
+    expr_from_data,
+    expr_to_data,
+    next_generation,
     tournament_select,
 )
 

@@ -1,4 +1,5 @@
-"""REvolve-like evolutionary search on expression trees (`derl_jax.meta.evolution`).
+"""REvolve-like evolutionary search on expression trees (`derl_jax.meta.evolution`,
+`derl_jax.meta.evolution_population`).
 
 The first generation is sampled from the cold-started Meta-Optimizer (`evolution.init =
 "cold_start"`, so it starts where derl and random start) or drawn as random trees
@@ -16,6 +17,7 @@ import numpy as np
 
 from derl_jax.expr.parse import MAX_TEXT_LENGTH, ExpressionError, parse, to_text
 from derl_jax.meta import evolution
+from derl_jax.meta.evolution_population import EvolutionState
 from derl_jax.meta.strategies.base import (
     CandidateRecord,
     MetaOptimizerLike,
@@ -31,10 +33,10 @@ EVOLUTION_INITS = ("cold_start", "random_trees")
 
 @dataclasses.dataclass(frozen=True)
 class EvolutionSearchState:
-    """population: the evolving `evolution.EvolutionState`; first_generation: cold-start texts
+    """population: the evolving `EvolutionState`; first_generation: cold-start texts
     still to be proposed (empty once used or with random-tree initialisation)."""
 
-    population: evolution.EvolutionState
+    population: EvolutionState
     first_generation: tuple[str, ...] = ()
     generation: int = 0
 
@@ -98,7 +100,7 @@ class EvolutionStrategy(Strategy):
             meta = self.optimizer.init(init_key)
             sample = self.optimizer.sample(meta, sample_key, self.num_candidates)
             first = tuple(check_proposals(sample.texts, self.num_candidates, f"{self.name}.init"))
-        return EvolutionSearchState(population=evolution.EvolutionState(capacity=self.capacity), first_generation=first)
+        return EvolutionSearchState(population=EvolutionState(capacity=self.capacity), first_generation=first)
 
     def propose(self, state: EvolutionSearchState, key: jax.Array, n: int) -> tuple[list[str], None]:
         if state.first_generation:
@@ -145,7 +147,7 @@ class EvolutionStrategy(Strategy):
 
     def restore(self, initial_state: EvolutionSearchState, arrays: Any, data: Mapping[str, Any]):
         return EvolutionSearchState(
-            population=evolution.EvolutionState.from_json(data["population"]),
+            population=EvolutionState.from_json(data["population"]),
             first_generation=tuple(data["first_generation"]),
             generation=int(data["generation"]),
         )
