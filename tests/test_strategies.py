@@ -9,7 +9,8 @@ import pytest
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta.strategies import ALL_METHODS, Strategy, make_strategy, strategy_names
+from derl_jax.config import ConfigError
+from derl_jax.meta.strategies import ALL_METHODS, Strategy, make_strategy, strategy_names, validate_config
 from derl_jax.meta.strategies.derl import MetaOptimizerStrategy
 from derl_jax.meta.strategies.evolution import EvolutionStrategy
 from derl_jax.meta.strategies.fixed import FixedStrategy, average_text, fixed, outcome_format_text, outcome_text
@@ -175,3 +176,23 @@ def test_every_search_strategy_is_charged_the_same(tmp_path):
         charged[name] = result.budget["candidates_charged"]
         assert result.budget["candidates_trained"] == sum(c["k"] for c in evaluator.calls)
     assert set(charged.values()) == {6}
+
+
+def test_each_strategy_checks_its_own_config_fields_when_used():
+    cfg = fake_config()
+    cfg.outer.strategy, cfg.compare.methods = "derl", ("derl", "outcome")
+    cfg.evolution.mutation_rate = 2.0  # evolution is not used: its block is not checked
+    validate_config(cfg)
+    cfg.compare.methods = ("derl", "evolution")
+    with pytest.raises(ConfigError, match=r"^config.evolution.mutation_rate must be in \[0, 1\], got 2.0$"):
+        validate_config(cfg)
+    cfg = fake_config()
+    cfg.outer.strategy, cfg.compare.methods = "outcome", ("outcome", "fixed:g1+g2")
+    cfg.meta.lr = -1.0  # no Meta-Optimizer in a fixed-expression run
+    validate_config(cfg)
+    cfg.compare.methods = ("outcome", "random")
+    with pytest.raises(ConfigError, match=r"^config.meta.lr must be a number > 0.0, got -1.0$"):
+        validate_config(cfg)
+    cfg.compare.methods = ("outcome", "fixed:")
+    with pytest.raises(ConfigError, match=r"config.compare.methods: unknown method 'fixed:'"):
+        validate_config(cfg)
