@@ -33,10 +33,13 @@ class CandidateEvaluator(Protocol):
     """The inner loop as the outer loop sees it (implemented by `derl_jax.rl`)."""
 
     def evaluate_candidates(
-        self, programs: Program, init_params: Any, key: jax.Array, train_set: TokenDataset, val_set: TokenDataset
+        self, programs: Program, init_params: Any, key: jax.Array, train_set: TokenDataset, val_set: TokenDataset,
+        *, steps: int | None = None,
     ) -> CandidateResults:
-        """Train one policy per stacked program (Program[K]) from `init_params` on `train_set`;
-        score each on `val_set`. Returns an object with `scores`, `curves`, `params`."""
+        """Train one policy per stacked program (Program[K]) from `init_params` on `train_set`
+        for `steps` inner steps (None: the configured `inner.steps`; population strategies
+        train shorter runs); score each on `val_set`. Returns an object with `scores`, `curves`
+        (f32[K, steps]) and `params`."""
 
     def train_final(self, program: Program, init_params: Any, key: jax.Array, train_set: TokenDataset) -> tuple[Any, Mapping[str, Any]]:
         """Train a fresh policy with one program (the final-mode budget) -> (params, curves name -> f32[steps])."""

@@ -197,3 +197,16 @@ def test_candidate_test_curve_is_the_mean_test_accuracy_of_the_candidates(tmp_pa
 def result_history(workdir):
     with open(workdir / "history.jsonl") as handle:
         return [json.loads(line) for line in handle]
+
+
+def test_shorter_inner_runs_need_an_evaluator_that_takes_steps(tmp_path):
+    class NoSteps(FakeEvaluator):
+        def evaluate_candidates(self, programs, init_params, key, train_set, val_set):
+            return super().evaluate_candidates(programs, init_params, key, train_set, val_set)
+
+    cfg = fake_config(iterations=1, num_candidates=2)
+    with pytest.raises(TypeError, match=r"NoSteps.evaluate_candidates takes no `steps` keyword.*'scripted'"):
+        strategy = Scripted([("g1", "g2")], population=True)
+        strategy.name = "scripted"
+        search(strategy, NoSteps(), tiny_dataset(16, 0), tiny_dataset(8, 1), PRIMITIVES, cfg, tmp_path,
+               jax.random.key(0), init_params=BASE_PARAMS, inner_steps=3, progress=False)

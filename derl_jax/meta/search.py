@@ -52,6 +52,7 @@ cold-start SFT) before loading the checkpoint over it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -210,6 +211,11 @@ def search(
         progress bar, prefixed with the strategy name).
     """
     iterations, n = outer_sizes(cfg)
+    if inner_steps is not None and not _accepts_steps(evaluator):
+        raise TypeError(
+            f"search: {type(evaluator).__name__}.evaluate_candidates takes no `steps` keyword, which strategy "
+            f"{strategy.name!r} needs (inner_steps={inner_steps})"
+        )
     workdir = os.fspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     setup = _Setup(
@@ -245,6 +251,11 @@ def search(
     finally:
         store.close()
     return _finish(setup, run)
+
+
+def _accepts_steps(evaluator: CandidateEvaluator) -> bool:
+    parameters = inspect.signature(evaluator.evaluate_candidates).parameters.values()
+    return any(p.name == "steps" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _loop(setup: _Setup, run: SearchRun, store: CheckpointStore, logger: RunLogger, progress: bool, echo) -> None:
