@@ -2,9 +2,11 @@
 
   "device"  single-turn sampling scored by device primitives: `single_turn` runs inside the
             jitted scan of `derl_jax.rl.loop`.
-  "env"     multi-turn episodes against a pure JAX environment (`derl_jax.domains.env`):
-            `episodes` runs every turn (prompt, sample, env.step) in a `lax.scan` inside the
-            same jitted loop, so `vmap` over K programs still trains K policies in one call.
+  "env"     multi-turn episodes against an environment (`derl_jax.domains.env`): `episodes`
+            runs every turn (prompt, sample, env.step) in a `lax.scan` inside the same jitted
+            loop, so `vmap` over K programs still trains K policies in one call. A pure JAX
+            environment runs in the scan; a host environment (batched NumPy) is called from
+            it through `derl_jax.rl.host_env.HostEnvBridge`.
   "host"    single-turn sampling scored by host primitives (decoded text): the pieces here
             (`sample_rollouts`, `cut_at_stops`, `completion_logprobs`) are driven by
             `derl_jax.rl.host_loop`, which overlaps scoring with the next sampling.
@@ -36,8 +38,9 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from derl_jax.domains.base import TokenDataset
-from derl_jax.domains.env import checked_reset, checked_step
+from derl_jax.domains.env import checked_reset, checked_step, is_host_env
 from derl_jax.models import sampling
+from derl_jax.rl.host_env import HostEnvBridge
 
 ROLLOUT_KINDS = ("device", "host", "env")
 
@@ -105,8 +108,11 @@ def _shift_in(history: jax.Array, latest: jax.Array) -> jax.Array:
 
 
 def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
-    """Multi-turn rollouts against `domain.env` (a pure JAX environment), every turn in one scan."""
+    """Multi-turn rollouts against `domain.env`, every turn in one scan: a pure JAX environment
+    runs in the scan itself, a host environment through `HostEnvBridge` callbacks."""
     env, window, pad, eos = domain.env, int(domain.history), domain.pad_id, domain.eos_id
+    if is_host_env(env):
+        env = HostEnvBridge(env)
     turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
     if act_len != cfg.max_new_tokens:
         raise ValueError(f"multi-turn domain {domain.name!r}: env.action_length={act_len} but the policy "
