@@ -89,7 +89,10 @@ def test_vmapped_episodes_equal_step_by_step_episodes(tasks, mixed_run):
             assert float(info["step_score"]) == episodes["step_scores"][index, turn]
             assert float(info["valid"]) == episodes["valid"][index, turn]
             assert float(reward) == episodes["reward"][index, turn]
+            if bool(done):
+                break
         assert float(state.success) == episodes["success"][index]
+        assert int(state.turn) == episodes["step_mask"][index].sum()
 
 
 def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):

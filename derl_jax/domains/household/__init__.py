@@ -7,4 +7,7 @@ env.py      `HouseholdEnv`: pure reset / step, goals, meta-tag step scores
 expert.py   the scripted expert, random perturbations, vmapped episode rollouts
 prompt.py   a turn's prompt from the task, the last W turns and the current observation
 corpus.py   the supervised warm-start corpus of (prompt, action) turns
+domain.py   the `household` domain (registered on import of this package)
 """
+
+from derl_jax.domains.household import domain  # noqa: F401  (registers "household")

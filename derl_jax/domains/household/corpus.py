@@ -24,6 +24,7 @@ from derl_jax.domains.household.prompt import History, build_prompt, push_histor
 from derl_jax.domains.household.tasks import Task, to_device
 
 DEFAULT_WINDOW = 2
+PLAY_BUCKET = 1024  # episodes per compiled batch of `sft_corpus`
 
 
 def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, window: int):
@@ -61,10 +62,13 @@ def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv
     if not 0.0 <= perturb_rate <= 1.0:
         raise ValueError(f"household sft_corpus: perturb_rate must be in [0, 1], got {perturb_rate}")
     env = env or HouseholdEnv()
+    count = tasks.size
+    padded = -(-count // PLAY_BUCKET) * PLAY_BUCKET     # one compiled `play` serves every corpus size up to it
+    rows = np.minimum(np.arange(padded), count - 1)
     prompts, prompt_mask, actions, episodes = jax.device_get(
-        play(to_device(tasks), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env, int(window)))
+        play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env, int(window)))
     corpus = []
-    for episode in range(prompts.shape[0]):
+    for episode in range(count):
         for turn in np.flatnonzero(episodes["step_mask"][episode]):
             action = actions[episode, turn]
             corpus.append((prompts[episode, turn][prompt_mask[episode, turn]].astype(np.int32),

@@ -236,12 +236,17 @@ def level_splits(level: str, seed: int, num_train: int, num_test: int,
     train_kinds, test_kinds, test_unseen = level_kinds(level, held_out_kinds)
     split = type_split(seed)
     train = generate_tasks(seed, num_train, train_kinds, split, unseen=False, stream=0)
-    seen_prints = frozenset(_fingerprint({n: getattr(train, n)[i] for n in _FIELDS}) for i in range(num_train))
+    seen_prints = frozenset(fingerprint(train, i) for i in range(num_train))
     test = generate_tasks(seed, num_test, test_kinds, split, unseen=test_unseen, exclude=seen_prints, stream=1)
     return train, test
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Task))
+
+
+def fingerprint(tasks: Task, row: int) -> bytes:
+    """Bytes identifying task `row` of a batch (equal bytes: the same task)."""
+    return _fingerprint({name: np.asarray(getattr(tasks, name))[row] for name in _FIELDS})
 
 
 def to_device(tasks: Task) -> Task:

@@ -136,3 +136,19 @@ class WordVocab:
         if len(ids) > length:
             raise ValueError(f"WordVocab.encode_padded: {text!r} has {len(ids)} words, more than {length}")
         return np.array(ids + [PAD_ID] * (length - len(ids)), np.int32)
+
+    def encode_batch(self, texts: Sequence[str], length: int, left_pad: bool, *, add_bos: bool = False,
+                     add_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(ids i32[B, length], mask bool[B, length]): `encode` of every text, padded on the left
+        (prompts) or the right; a text longer than `length` raises naming it."""
+        ids = np.full((len(texts), length), PAD_ID, np.int32)
+        mask = np.zeros((len(texts), length), bool)
+        for row, text in enumerate(texts):
+            tokens = self.encode(text, add_bos=add_bos, add_eos=add_eos)
+            if len(tokens) > length:
+                raise ValueError(f"WordVocab.encode_batch: text {row} {text!r} has {len(tokens)} tokens, "
+                                 f"more than length={length}")
+            span = slice(length - len(tokens), length) if left_pad else slice(0, len(tokens))
+            ids[row, span] = tokens
+            mask[row, span] = True
+        return ids, mask

@@ -1,0 +1,134 @@
+"""The `household` domain: the JAX household environment as a multi-turn ("env") domain.
+
+Config block `domain` (configs/household.py):
+  kind="household"; level: "L0" | "L1" | "L2"; seed: task generation and seen/unseen split;
+  num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
+  into tasks.KINDS); max_turns: turns per episode; history: the prompt window W.
+Policy block options read by the warm-start corpus: sft_perturb_rate (share of random
+actions mixed into the expert's turns, default 0.3), sft_extra_tasks (fresh training-type
+tasks played besides the training split, default 0).
+
+A split is a TokenDataset: prompts = <bos> + the task description (left padded), context = the
+`Task` fields per row (what `HouseholdEnv.reset` reads). Primitives: the agent family
+(outcome, phase_first, phase_middle, phase_last), outcome first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import primitives.agent  # noqa: F401  (registers the agent primitives)
+from derl_jax.config import ConfigError, choice, int_at_least, int_tuple, is_number, config_value
+from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains.household import corpus as household_corpus
+from derl_jax.domains.household import tasks as T
+from derl_jax.domains.household import vocab
+from derl_jax.domains.household.actions import ACTION_LENGTH
+from derl_jax.domains.household.env import TASK_FIELDS, HouseholdEnv
+from derl_jax.domains.household.prompt import task_prompt
+from derl_jax.domains.registry import DomainSpec, register_domain
+from primitives import registry
+from primitives.agent import AGENT_PRIMITIVES
+
+DEFAULT_PERTURB_RATE = 0.3
+
+
+def make_dataset(tasks: T.Task) -> TokenDataset:
+    """The TokenDataset of a task batch: task prompts i32[M, D+1] and the Task fields as context."""
+    prompts = np.asarray(jax.vmap(task_prompt)(jnp.asarray(tasks.description)))
+    context = {name: jnp.asarray(getattr(tasks, name)) for name in TASK_FIELDS}
+    return TokenDataset(prompts=jnp.asarray(prompts), prompt_mask=jnp.asarray(prompts != vocab.PAD_ID),
+                        context=context)
+
+
+def tasks_of(dataset: TokenDataset) -> T.Task:
+    """The Task batch (NumPy) held in a split's context."""
+    return T.Task(**{name: np.asarray(dataset.context[name]) for name in TASK_FIELDS})
+
+
+def make_household_domain(cfg: Any) -> Domain:
+    """The household Domain of config block `cfg` (`config.domain`)."""
+    held_out = tuple(int(k) for k in cfg.get("held_out_kinds", T.DEFAULT_HELD_OUT_KINDS))
+    train, test = T.level_splits(str(cfg.level), int(cfg.seed), int(cfg.num_train), int(cfg.num_test), held_out)
+    env = HouseholdEnv(max_turns=int(cfg.max_turns))
+    train_kinds, test_kinds, unseen = T.level_kinds(str(cfg.level), held_out)
+    domain = Domain(
+        name="household",
+        primitives=registry.resolve("agent", AGENT_PRIMITIVES),
+        outcome_index=0,
+        train=make_dataset(train),
+        test=make_dataset(test),
+        tokenizer=vocab.WordVocab(),
+        max_new_tokens=ACTION_LENGTH,
+        eos_id=vocab.EOS_ID,
+        pad_id=vocab.PAD_ID,
+        rollout="env",
+        env=env,
+        history=int(cfg.history),
+        info={"level": str(cfg.level), "seed": int(cfg.seed), "train_kinds": [T.KINDS[k] for k in train_kinds],
+              "test_kinds": [T.KINDS[k] for k in test_kinds], "test_unseen": unseen,
+              "type_split": dataclasses.asdict(T.type_split(int(cfg.seed)))},
+    )
+    return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                      ) -> list[tuple[str, str]]:
+    """(prompt, completion) texts: every turn of the perturbed expert on the training tasks except
+    `holdout_rows`, plus `options.sft_extra_tasks` fresh tasks of the training kinds and seen types
+    that are in neither split. Prompts carry no <bos> (the encoder adds it), completions no <eos>."""
+    options = {} if options is None else options
+    rate = float(options.get("sft_perturb_rate", DEFAULT_PERTURB_RATE))
+    extra = int(options.get("sft_extra_tasks", 0))
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"config.policy.sft_perturb_rate must be in [0, 1], got {rate}")
+    if extra < 0:
+        raise ValueError(f"config.policy.sft_extra_tasks must be >= 0, got {extra}")
+    train, test = tasks_of(domain.train), tasks_of(domain.test)
+    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    outside = sorted(row for row in held_out if not 0 <= row < train.size)
+    if outside:
+        raise ValueError(f"household corpus: holdout_rows {outside[:5]} are outside the {train.size} training rows")
+    keep = np.array([row for row in range(train.size) if row not in held_out], np.int64)
+    parts = [train.take(keep)] if len(keep) else []
+    if extra:
+        taken = frozenset(T.fingerprint(task, row) for task in (train, test) for row in range(task.size))
+        kinds = sorted({int(k) for k in np.asarray(train.kind)})
+        parts.append(T.generate_tasks(domain.info["seed"], extra, kinds, T.type_split(domain.info["seed"]),
+                                      unseen=False, exclude=taken, stream=2 + int(seed)))
+    if not parts:
+        raise ValueError("household corpus: no tasks are left for the supervised corpus")
+    tasks = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
+    words = vocab.WordVocab()
+    pairs = household_corpus.sft_corpus(tasks, int(seed), rate, env=domain.env, window=domain.history)
+    return [(words.decode(prompt), words.decode(action)) for prompt, action in pairs]
+
+
+def validate_household_config(cfg: Any) -> None:
+    """Raise ConfigError naming the first bad field of `config.domain` (and the corpus options)."""
+    int_at_least(cfg, "domain.seed", 0)
+    choice(cfg, "domain.level", T.LEVELS)
+    int_at_least(cfg, "domain.num_train", 5)
+    int_at_least(cfg, "domain.num_test", 1)
+    int_at_least(cfg, "domain.max_turns", 1)
+    int_at_least(cfg, "domain.history", 1)
+    held_out = int_tuple(cfg, "domain.held_out_kinds", minimum=0, allowed=range(len(T.KINDS)))
+    if len(held_out) != 2:
+        raise ConfigError(f"config.domain.held_out_kinds must name two kinds of 0..5 {T.KINDS}, got {held_out}")
+    policy = config_value(cfg, "policy")
+    if "sft_perturb_rate" in policy:
+        rate = policy["sft_perturb_rate"]
+        if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
+            raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
+    if "sft_extra_tasks" in policy:
+        int_at_least(cfg, "policy.sft_extra_tasks", 0)
+
+
+register_domain(DomainSpec(name="household", build=lambda cfg: make_household_domain(cfg.domain),
+                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_household_config))

@@ -1,0 +1,92 @@
+"""The registered `household` domain: datasets, config checks, the warm-start corpus as text."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from derl_jax.config import ConfigError
+from derl_jax.domains.household import corpus as C
+from derl_jax.domains.household import env as household_env
+from derl_jax.domains.household import tasks as T
+from derl_jax.domains.household import vocab
+from derl_jax.domains.household.domain import tasks_of
+from derl_jax.domains.registry import get_domain
+
+
+def config(**domain) -> ml_collections.ConfigDict:
+    block = {"kind": "household", "level": "L2", "seed": 4, "num_train": 24, "num_test": 12,
+             "held_out_kinds": (T.COOL, T.PICK_TWO), "max_turns": 30, "history": 2}
+    block.update(domain)
+    return ml_collections.ConfigDict({"domain": block, "policy": {"sft_perturb_rate": 0.25}})
+
+
+@pytest.fixture(scope="module")
+def domain():
+    spec = get_domain("household")
+    spec.validate(config())
+    return spec.build(config())
+
+
+def test_domain_splits_are_the_level_splits(domain):
+    train, test = T.level_splits("L2", 4, 24, 12)
+    for name in ("kind", "obj_type", "obj_loc", "recep_type", "description"):
+        np.testing.assert_array_equal(getattr(tasks_of(domain.train), name), getattr(train, name))
+        np.testing.assert_array_equal(getattr(tasks_of(domain.test), name), getattr(test, name))
+    words = vocab.WordVocab()
+    for row in range(3):
+        prompt = np.asarray(domain.train.prompts[row])[np.asarray(domain.train.prompt_mask[row])]
+        assert prompt.tolist() == words.encode(words.decode(train.description[row]), add_bos=True)
+    assert domain.primitive_names == ("outcome", "phase_first", "phase_middle", "phase_last")
+    assert domain.rollout == "env" and domain.max_new_tokens == domain.env.action_length == 8
+    assert domain.prompt_length == 13 + 2 * (8 + 64)
+    assert domain.info["test_kinds"] == ["cool", "pick_two"] and domain.info["test_unseen"]
+
+
+def test_reset_reads_a_context_row(domain):
+    """The multi-turn rollout hands reset rows of dict(batch.context)."""
+    row = {name: value[5] for name, value in dict(domain.train.context).items()}
+    obs, state = jax.jit(domain.env.reset)(jax.random.PRNGKey(0), row)
+    types, numbers = np.asarray(row["recep_type"]), np.asarray(row["recep_num"])
+    listing = " , ".join(f"a {vocab.RECEPTACLE_NAMES[t]} {n}" for t, n in zip(types, numbers) if t >= 0)
+    expected = f"you are in the middle of a room . looking quickly around you , you see {listing} ."
+    assert vocab.WordVocab().decode(obs) == expected
+    np.testing.assert_array_equal(state.obj_loc, tasks_of(domain.train).obj_loc[5])
+    assert obs.shape == (household_env.OBS_LENGTH,)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("level", "L4", "config.domain.level"),
+    ("num_train", 2, "config.domain.num_train"),
+    ("max_turns", 0, "config.domain.max_turns"),
+    ("history", 0, "config.domain.history"),
+    ("held_out_kinds", (T.COOL,), "config.domain.held_out_kinds"),
+    ("held_out_kinds", (T.COOL, 9), "config.domain.held_out_kinds"),
+])
+def test_bad_config_fields_are_named(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        get_domain("household").validate(config(**{field: value}))
+    bad_rate = config()
+    bad_rate.policy.sft_perturb_rate = 2.0
+    with pytest.raises(ConfigError, match="config.policy.sft_perturb_rate"):
+        get_domain("household").validate(bad_rate)
+
+
+def test_corpus_texts_encode_back_to_the_played_turns(domain):
+    holdout = [0, 3]
+    texts = domain.corpus(7, holdout, {"sft_perturb_rate": 0.25})
+    kept = tasks_of(domain.train).take(np.array([r for r in range(24) if r not in holdout]))
+    pairs = C.sft_corpus(kept, 7, 0.25, env=domain.env, window=domain.history)
+    assert len(texts) == len(pairs) > 0
+    prompts, prompt_mask = domain.tokenizer.encode_batch([p for p, _ in texts], domain.prompt_length,
+                                                         left_pad=True, add_bos=True)
+    actions, action_mask = domain.tokenizer.encode_batch([a for _, a in texts], domain.max_new_tokens + 1,
+                                                         left_pad=False, add_eos=True)
+    for row, (prompt, action) in enumerate(pairs):
+        assert prompts[row][prompt_mask[row]].tolist() == prompt.tolist()
+        assert actions[row][action_mask[row]].tolist() == action.tolist() + [vocab.EOS_ID]
+    # Fresh tasks add turns; no room for them is an error.
+    more = domain.corpus(7, holdout, {"sft_perturb_rate": 0.25, "sft_extra_tasks": 6})
+    assert len(more) > len(texts) and more[: len(texts)] == texts
+    with pytest.raises(ValueError, match="holdout_rows"):
+        domain.corpus(7, [99], {})
