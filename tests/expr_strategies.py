@@ -41,3 +41,16 @@ def exprs(num_primitives: int = 4, *, max_leaves: int = 12, nice_only: bool = Fa
         )
 
     return st.recursive(leaves, extend, max_leaves=max_leaves).filter(lambda e: node_count(e) <= 128)
+
+
+def commuted(expr):
+    """Swap the operands of every commutative operator."""
+    if isinstance(expr, Binary):
+        left, right = commuted(expr.left), commuted(expr.right)
+        return Binary(expr.op, right, left) if expr.op in "+*" else Binary(expr.op, left, right)
+    if isinstance(expr, Unary):
+        return Unary(expr.op, commuted(expr.operand))
+    if isinstance(expr, Call):
+        args = tuple(commuted(a) for a in expr.args)
+        return Call(expr.fn, args[::-1] if expr.fn in ("min", "max") else args)
+    return expr

@@ -28,7 +28,7 @@ from derl_jax.expr import (
     to_text,
 )
 from derl_jax.expr.canonical import FALLBACK_PREFIX, fallback_key
-from expr_strategies import exprs
+from expr_strategies import commuted, exprs
 from primitives.registry import Primitive, symbol_table
 
 G1, G2, G3, G4 = (Prim(i, f"g{i + 1}") for i in range(4))
@@ -242,23 +242,10 @@ def test_equal_keys_mean_equal_rewards(a, b):
         assert np.all(np.abs(va - vb)[both] <= 1e-3 * scale[both]), (to_text(a), to_text(b))
 
 
-def _commute(expr):
-    """Swap the operands of every commutative operator."""
-    if isinstance(expr, Binary):
-        left, right = _commute(expr.left), _commute(expr.right)
-        return Binary(expr.op, right, left) if expr.op in "+*" else Binary(expr.op, left, right)
-    if isinstance(expr, Unary):
-        return Unary(expr.op, _commute(expr.operand))
-    if isinstance(expr, Call):
-        args = tuple(_commute(a) for a in expr.args)
-        return Call(expr.fn, args[::-1] if expr.fn in ("min", "max") else args)
-    return expr
-
-
 @settings(max_examples=200, deadline=None)
 @given(exprs(3, max_leaves=8, nice_only=True))
 def test_canonical_ignores_operand_order(expr):
-    assert canonical(_commute(expr)) == canonical(expr)
+    assert canonical(commuted(expr)) == canonical(expr)
 
 
 def test_to_latex():

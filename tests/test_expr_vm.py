@@ -325,7 +325,7 @@ def test_stack_need_never_exceeds_the_bound(expr):
 def test_evaluate_numpy_accepts_programs_and_checks_columns():
     program = compile_expr(parse("g1+g3"))
     np.testing.assert_allclose(evaluate_numpy(program, POINTS, 0.0), POINTS[:, 0] + POINTS[:, 2], rtol=1e-6)
-    with pytest.raises(IndexError):
+    with pytest.raises(ProgramError, match="g3 but prims has 2 columns"):
         evaluate_numpy(program, POINTS[:, :2], 0.0)
 
 

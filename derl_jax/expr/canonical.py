@@ -11,12 +11,14 @@
   `(g1+g2)*2` / `2*g1+2*g2` share `2*g1 + 2*g2`, while `g1+g2` and `g1-g2` differ. For speed
   the key form treats min/max/abs/clip as opaque functions of their expanded arguments
   (min/max arguments sorted, abs(-x) written abs(x)) instead of SymPy's Min/Max/Abs, whose
-  assumption queries are slow. Before calling SymPy, an estimate of the expanded size
-  (terms of numerator and denominator, `MAX_EXPANDED_TERMS`) decides whether expansion is
-  affordable; when it is not, or SymPy fails, the key falls back to a deterministic ordering
-  of the tree itself (`fallback_key`, prefixed with "~"): sums and products are flattened and
-  their operands sorted. The decision depends on the tree only, never on the clock, so a
-  key never changes between runs or machines. Results are cached (`lru_cache` on the tree).
+  assumption queries are slow. Before calling SymPy, an estimate of the size of the expanded
+  form computed from the tree (`expanded_size`, in atoms) decides whether expansion is
+  affordable: above `MAX_EXPANDED_ATOMS` (400; SymPy then takes at most about 0.2 s), or when
+  SymPy fails, the key falls back to a deterministic ordering of the tree itself
+  (`fallback_key`, prefixed with "~"): sums and products are flattened and their operands
+  sorted, min/max arguments sorted, so reordered operands still share a key. The decision
+  depends on the tree only, never on the clock, so a key never changes between runs or
+  machines. Results are cached (`lru_cache` on the tree).
   Typical cost: about 1-3 ms for a 16-node expression on a laptop-class CPU core.
 * `to_latex(expr)`: LaTeX of the tree as written (for reports), minimal parentheses.
 """
@@ -34,8 +36,8 @@ from derl_jax.expr.parse import format_number, to_text
 from derl_jax.expr.vm import evaluate_numpy
 
 SIGNIFICANT_DIGITS = 6
-MAX_EXPANDED_TERMS = 32  # estimated terms of the expanded numerator/denominator
-MAX_INTEGER_EXPONENT = 16  # larger integer powers of non-constant bases are not expanded
+MAX_EXPANDED_ATOMS = 400  # estimated size of the expanded key form (`expanded_size`)
+MAX_INTEGER_EXPONENT = 16  # powers of non-constant bases beyond this are not expanded
 FALLBACK_PREFIX = "~"
 
 
@@ -102,49 +104,62 @@ def _huge_power(base, exponent) -> bool:
 # ----------------------------------------------------------------------------- canonical
 
 
-def _expanded_size(expr: Expr) -> tuple[float, float]:
-    """Estimated (numerator terms, denominator terms) of the expanded rational form.
+def expanded_size(expr: Expr) -> float:
+    """Estimated atoms of `sympy.expand` of the key form of `expr` (`inf`: far too big).
 
-    Arguments of calls and bases of non-integer powers are estimated on their own (they
-    expand separately) and must fit too; `inf` means "too big".
+    SymPy's expansion time grows with its output, so this size, computed from the tree alone
+    in microseconds, decides whether a key is worth expanding (`MAX_EXPANDED_ATOMS`).
+    """
+    terms, atoms, denominator = _expansion(expr)
+    return terms * (atoms + denominator)
+
+
+def _expansion(expr: Expr) -> tuple[float, float, float]:
+    """(terms of the expanded sum, atoms per term, atoms of each term's expanded denominator).
+
+    Follows what `sympy.expand` does: products and integer powers of sums are multiplied out,
+    a non-integer power x**c keeps x**(c - floor(c)) as one factor and expands x**floor(c),
+    denominators of a product are multiplied (and expanded) together, and each call's
+    arguments are expanded on their own (the call is one atom of the size of its arguments).
     """
     if isinstance(expr, (Num, Var, Prim)):
-        return 1.0, 1.0
+        return 1.0, 1.0, 0.0
     if isinstance(expr, Unary):
-        return _expanded_size(expr.operand)
+        return _expansion(expr.operand)
     if isinstance(expr, Call):
-        for arg in expr.args:
-            if max(_expanded_size(arg)) > MAX_EXPANDED_TERMS:
-                return math.inf, math.inf
-        return 1.0, 1.0
+        return 1.0, 1.0 + sum(expanded_size(arg) for arg in expr.args), 0.0
     assert isinstance(expr, Binary)
-    ln, ld = _expanded_size(expr.left)
     if expr.op == "**":
-        exponent = _constant_value(expr.right)
-        if exponent is None or not math.isfinite(exponent):
-            return math.inf, math.inf
         if not _has_symbols(expr.left):
-            return 1.0, 1.0
-        if float(exponent).is_integer() and abs(exponent) <= MAX_INTEGER_EXPONENT:
-            k = int(abs(exponent))
-            num, den = _power_terms(ln, k), _power_terms(ld, k)
-            return (num, den) if exponent >= 0 else (den, num)
-        if max(ln, ld) > MAX_EXPANDED_TERMS or float(exponent).is_integer():
-            return math.inf, math.inf
-        return 1.0, 1.0
-    rn, rd = _expanded_size(expr.right)
+            return 1.0, 1.0, 0.0
+        exponent = _constant_value(expr.right)
+        if exponent is None or not math.isfinite(exponent) or abs(exponent) > MAX_INTEGER_EXPONENT:
+            return math.inf, math.inf, math.inf
+        power = _power(_expansion(expr.left), int(abs(exponent)), not float(exponent).is_integer())
+        return power if exponent >= 0 else _reciprocal(power)
+    left, right = _expansion(expr.left), _expansion(expr.right)
     if expr.op in "+-":
-        return ln * rd + rn * ld, ld * rd
-    if expr.op == "*":
-        return ln * rn, ld * rd
-    return ln * rd, ld * rn  # "/"
+        return left[0] + right[0], max(left[1], right[1]), max(left[2], right[2])
+    return _product(left, _reciprocal(right) if expr.op == "/" else right)
 
 
-def _power_terms(terms: float, k: int) -> float:
-    """Terms of (t-term sum) ** k: C(t + k - 1, k), capped."""
-    if terms > MAX_EXPANDED_TERMS:
-        return math.inf
-    return float(math.comb(int(terms) + k - 1, k))
+def _reciprocal(x: tuple[float, float, float]) -> tuple[float, float, float]:
+    terms, atoms, denominator = x
+    return 1.0, 1.0 + denominator, terms * (atoms + denominator)
+
+
+def _product(x: tuple[float, float, float], y: tuple[float, float, float]) -> tuple[float, float, float]:
+    denominator = x[2] * y[2] if x[2] and y[2] else max(x[2], y[2])
+    return x[0] * y[0], x[1] + y[1], denominator
+
+
+def _power(x: tuple[float, float, float], k: int, root: bool) -> tuple[float, float, float]:
+    """x ** k (times the root factor x ** (c - k) when `root`): multinomial terms C(t + k - 1, k)."""
+    terms, atoms, denominator = x
+    count = (float(math.comb(int(terms) + k - 1, k)) if terms < 1e4 else math.inf) if k else 1.0
+    root_atoms = terms * (atoms + denominator) if root else 0.0
+    denominator = denominator**k if denominator and k else 0.0
+    return count, k * atoms + root_atoms, denominator
 
 
 def _has_symbols(expr: Expr) -> bool:
@@ -264,7 +279,7 @@ def _key_sympy(expr: Expr) -> sympy.Expr:
 @functools.lru_cache(maxsize=1 << 16)
 def canonical(expr: Expr) -> str:
     """Deterministic key: equal for expressions that are the same reward (module docstring)."""
-    if max(_expanded_size(expr)) > MAX_EXPANDED_TERMS:
+    if expanded_size(expr) > MAX_EXPANDED_ATOMS:
         return fallback_key(expr)
     try:
         return str(sympy.expand(_key_sympy(expr)))

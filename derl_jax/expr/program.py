@@ -210,10 +210,20 @@ def compile_expr(expr: Expr, max_length: int = MAX_PROGRAM_LENGTH, num_primitive
     return Program(ops=ops, args=args, size=np.asarray(len(code), np.int32))
 
 
-def stack_programs(programs: Sequence[Program]) -> Program:
-    """K programs of equal length -> one Program with a leading axis K (host NumPy arrays)."""
+def stack_programs(programs: Sequence[Program], num_primitives: int | None = None) -> Program:
+    """K programs of equal length -> one Program with a leading axis K (host NumPy arrays).
+
+    With `num_primitives`, raises `ProgramError` if a program reads a primitive index
+    >= num_primitives.
+    """
     if not programs:
         raise ValueError("stack_programs needs at least one program")
+    if num_primitives is not None:
+        for k, program in enumerate(programs):
+            ops, args = np.asarray(program.ops)[: int(program.size)], np.asarray(program.args)[: int(program.size)]
+            index = args[ops == PUSH_PRIM]
+            if index.size and (index.max() >= num_primitives or index.min() < 0):
+                raise ProgramError(f"program {k} reads primitive g{int(index.max()) + 1}: only g1..g{num_primitives} exist")
     lengths = {p.length for p in programs}
     if len(lengths) != 1:
         raise ValueError(f"programs have different lengths {sorted(lengths)}; compile with one max_length")

@@ -16,17 +16,26 @@ it over host threads.
 `evaluate_numpy(expr_or_program, prims, progress)` runs the same instructions with NumPy on
 the host (what `check` uses). Both paths apply exactly the rules below.
 
-Numeric semantics (the one definition; float32 everywhere)
------------------------------------------------------------
+Numeric semantics (the one definition; float32 everywhere, every backend)
+--------------------------------------------------------------------------
 * Every value is float32. Constants are rounded to float32 when compiled.
+* Every value the machine reads or computes is first *settled* (`settle`): ±inf becomes NaN
+  and a subnormal (|x| < 2**-126) becomes 0. This applies to the leaves (primitive values,
+  u, constants) as much as to each operator's result, so an operator that reads a leaf
+  directly sees the same value as one that reads it from the stack: an infinite primitive is
+  an ill-defined (NaN) input, so 1/g1, min(g1, g2), clip(g1, 0, 1), g1**0 and g1**-0.5 are all
+  NaN where g1 = ±inf; an overflow cannot turn finite again later (1 / inf would be 0); and
+  the results do not depend on whether the backend flushes subnormals (XLA on CPU does,
+  NumPy does not). `evaluate` therefore returns finite values or NaN, never ±inf.
 * Division: where |denominator| < DIV_EPS (1e-6) the result is NaN — an ill-defined reward,
   never a huge number.
 * Power a ** b: NaN where a < 0 and b is not an integer, and where a == 0 and b < 0.
   (NaN ** 0 and 1 ** NaN are NaN too: NaN in, NaN out.)
 * min, max, clip (= min(max(x, lo), hi)) and abs propagate NaN.
-* Any non-finite intermediate (an overflow to ±inf) becomes NaN immediately, so it cannot
-  turn finite again later (1 / inf would be 0); NaN then propagates to the result.
-  `evaluate` therefore returns finite values or NaN, never ±inf.
+* A program that reads primitive g_j from fewer than j columns raises `ProgramError` where
+  the program is concrete (`evaluate_numpy`, and `evaluate` / `evaluate_batch` called outside
+  a trace); inside a trace, where nothing can raise, such a leaf is NaN — never another column.
+* N = 0 rows gives an empty result.
 Downstream, GRPO zeroes and counts NaN rewards, and `check` rejects expressions that give
 NaN on its probe points.
 """
@@ -38,6 +47,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Union
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +75,7 @@ from derl_jax.expr.program import (
     STACK_SIZE,
     SUB,
     Program,
+    ProgramError,
     compile_expr,
 )
 
@@ -113,9 +124,14 @@ def clip(x, lo, hi, xp=jnp):
     return minimum(maximum(x, lo, xp), hi, xp)
 
 
-def finite_or_nan(x, xp=jnp):
-    """±inf -> NaN (applied after every instruction)."""
-    return xp.where(xp.isfinite(x), x, xp.nan)
+SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)  # 2**-126: below it, a value is 0
+LARGEST = float(np.finfo(np.float32).max)
+
+
+def settle(x, xp=jnp):
+    """±inf -> NaN, subnormal -> 0, anything else unchanged (applied to every leaf and result)."""
+    magnitude = xp.abs(x)
+    return xp.where(magnitude < SMALLEST_NORMAL, xp.zeros_like(x), xp.where(magnitude <= LARGEST, x, xp.nan))
 
 
 # ----------------------------------------------------------------------------- jnp VM
@@ -233,8 +249,11 @@ def _decode(ops, args, size, num_primitives: int, progress):
                           | (_shift(taken, -3, 0) >= 3))
     executed = is_operator | (is_leaf & ~absorbed)
 
-    leaf_row = jnp.where(ops == PUSH_PRIM, jnp.clip(args.astype(np.int32), 0, num_primitives - 1), -1)
+    prim_index = jnp.clip(args, -1, num_primitives).astype(np.int32)
+    known_prim = (ops == PUSH_PRIM) & (prim_index >= 0) & (prim_index < num_primitives)
+    leaf_row = jnp.where(known_prim, prim_index, -1)
     leaf_scalar = jnp.where(ops == PUSH_U, progress[..., None], jnp.where(ops == PUSH_CONST, args, zero))
+    leaf_scalar = jnp.where((ops == PUSH_PRIM) & ~known_prim, np.float32(np.nan), settle(leaf_scalar))
     leaf_rows = [_shift(leaf_row, d, -1) for d in (1, 2, 3)]  # of the leaf d places before
     leaf_scalars = [_shift(leaf_scalar, d, zero) for d in (1, 2, 3)]
 
@@ -297,15 +316,15 @@ def _branch(kind, width):
     fn, count = _KIND_FNS[kind], _KIND_ARITY[kind]
 
     def run(table, offset, ints, floats, column):
-        value = finite_or_nan(fn(*[_argument(table, offset, width, ints, floats, column, a) for a in range(count)]))
+        value = settle(fn(*[_argument(table, offset, width, ints, floats, column, a) for a in range(count)]))
         return jnp.where(floats[_ABS, column] != 0, jnp.abs(value), value) * floats[_SIGN, column]
 
     return run
 
 
 def _initial_table(prims_t: jax.Array) -> jax.Array:
-    """Transposed prims f32[P, N] -> the loop state f32[P + STACK_SIZE, N]: the prims, then the stack."""
-    return jnp.concatenate([prims_t, jnp.zeros((STACK_SIZE, prims_t.shape[1]), jnp.float32)])
+    """Transposed prims f32[P, N] -> the loop state f32[P + STACK_SIZE, N]: the settled prims, then the stack."""
+    return jnp.concatenate([settle(prims_t), jnp.zeros((STACK_SIZE, prims_t.shape[1]), jnp.float32)])
 
 
 def _run_program(decoded, table, n: int, row_tile: int, num_primitives: int):
@@ -333,6 +352,35 @@ def _run_program(decoded, table, n: int, row_tile: int, num_primitives: int):
     return table, jnp.where(count > 0, table[num_primitives], 0.0)
 
 
+def _traced(*arrays) -> bool:
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def _check_inputs(program: Program, prims, progress, program_rank: int, where: str):
+    """Shape and dtype checks at the VM's entry points; the primitive count check where the
+    program is concrete. -> prims as a float32 array f32[N, P]."""
+    chex.assert_rank([program.ops, program.args, program.size], [program_rank, program_rank, program_rank - 1])
+    chex.assert_equal_shape([program.ops, program.args])
+    chex.assert_shape(program.size, program.ops.shape[:-1])
+    chex.assert_type([program.ops, program.args], [int, float])
+    chex.assert_rank([prims, progress], [2, 0])
+    chex.assert_type(prims, float)
+    if not _traced(program.ops, program.args, program.size):
+        check_primitive_count(program, prims.shape[1], where)
+    return jnp.asarray(prims, jnp.float32)
+
+
+def check_primitive_count(program: Program, num_primitives: int, where: str = "program") -> None:
+    """Raise `ProgramError` if a concrete (unstacked or stacked) program reads a primitive
+    column >= num_primitives (or < 0) among its real instructions."""
+    ops, args = np.asarray(program.ops), np.asarray(program.args)
+    real = np.arange(ops.shape[-1]) < np.asarray(program.size)[..., None]
+    index = np.where(real & (ops == PUSH_PRIM), args, 0)
+    if index.size and (index.max() >= num_primitives or index.min() < 0):
+        bad = int(index.max()) if index.max() >= num_primitives else int(index.min())
+        raise ProgramError(f"{where}: program reads primitive g{bad + 1} but prims has {num_primitives} columns")
+
+
 def evaluate(program: Program, prims: jax.Array, progress) -> jax.Array:
     """Run one program: prims f32[N, P], progress f32[] -> rewards f32[N] (finite or NaN).
 
@@ -340,15 +388,19 @@ def evaluate(program: Program, prims: jax.Array, progress) -> jax.Array:
     `lax.switch`es on the micro-op's kind to a branch that reads its arguments (table rows or
     scalars), computes one value and writes it to its stack slot. Pure and jit-compatible;
     `jax.vmap(evaluate, in_axes=(0, None, None))` evaluates a stacked Program[K] in one call
-    (under vmap the switch turns into a select over every branch).
+    (under vmap the switch turns into a select over every branch). Raises `ProgramError`
+    when a concrete program reads a column prims does not have (see the module docstring).
     """
-    prims_t = jnp.asarray(prims, jnp.float32).T  # [P, N]
-    p, n = prims_t.shape
+    prims = _check_inputs(program, prims, progress, 1, "evaluate")
+    n, p = prims.shape
+    if n == 0:
+        return jnp.zeros((0,), jnp.float32)
     decoded = _decode(program.ops, program.args, program.size, p, progress)
-    return _run_program(decoded, _initial_table(prims_t), n, n, p)[1]
+    out = _run_program(decoded, _initial_table(prims.T), n, n, p)[1]
+    chex.assert_shape(out, (n,))
+    return out
 
 
-@functools.partial(jax.jit, static_argnames=("batch_size", "row_tile"))
 def evaluate_batch(
     programs: Program, prims: jax.Array, progress, *, batch_size: int | None = None, row_tile: int | None = None
 ) -> jax.Array:
@@ -358,8 +410,23 @@ def evaluate_batch(
     its own kind: the fastest choice on CPU. `batch_size=b` vmaps chunks of b programs (every
     branch is computed and selected): the choice for accelerators, where the K axis is
     parallel. `row_tile=t` (t divides N) runs each program over row tiles of t rows, which
-    keeps the rows a program touches in cache on CPU (t = 1024 is a good start).
+    keeps the rows a program touches in cache on CPU (t = 1024 is a good start). Jitted;
+    checks its inputs first (`ProgramError` for a concrete program reading a missing column).
     """
+    prims = _check_inputs(programs, prims, progress, 2, "evaluate_batch")
+    k, n = programs.ops.shape[0], prims.shape[0]
+    if n == 0:
+        return jnp.zeros((k, 0), jnp.float32)
+    if row_tile is not None and row_tile < n and n % row_tile:
+        raise ValueError(f"row_tile={row_tile} does not divide N={n}")
+    out = _evaluate_batch(programs, prims, progress, batch_size=batch_size, row_tile=row_tile)
+    chex.assert_shape(out, (k, n))
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("batch_size", "row_tile"))
+def _evaluate_batch(programs: Program, prims: jax.Array, progress, *, batch_size, row_tile) -> jax.Array:
+    """`evaluate_batch` after its checks: Program[K], f32[N > 0, P] -> f32[K, N]."""
     prims_t = jnp.asarray(prims, jnp.float32).T  # [P, N], transposed once for all programs
     p, n = prims_t.shape
     k = programs.ops.shape[0]
@@ -408,11 +475,13 @@ def evaluate_batch_threaded(
     host = jax.tree.map(np.asarray, programs)
     if host.ops.ndim != 2:
         raise ValueError(f"evaluate_batch_threaded: programs must be stacked Program[K], got ops of shape {host.ops.shape}")
+    prims = _check_inputs(host, prims, progress, 2, "evaluate_batch_threaded")
+    if prims.shape[0] == 0:
+        return np.zeros((host.ops.shape[0], 0), np.float32)
     # Instructions past every program's size are ignored: drop them (in steps of 32, so few
     # lengths get compiled), which makes decoding cheaper.
     length = min(host.ops.shape[1], 32 * max(1, -(-int(host.size.max(initial=0)) // 32)))
     host = host.replace(ops=host.ops[:, :length], args=host.args[:, :length])
-    prims = jnp.asarray(prims, jnp.float32)
     progress = jnp.asarray(progress, jnp.float32)
     k, n = host.ops.shape[0], prims.shape[0]
     threads = max(1, min(threads or os.cpu_count() or 1, k))
@@ -423,7 +492,7 @@ def evaluate_batch_threaded(
 
     def run(c: int) -> None:
         part = jax.tree.map(lambda a: a[rows[c]], host)
-        values = np.asarray(evaluate_batch(part, prims, progress, row_tile=row_tile))
+        values = np.asarray(_evaluate_batch(part, prims, progress, batch_size=None, row_tile=row_tile))
         start, stop = c * chunk, min((c + 1) * chunk, k)
         out[start:stop] = values[: stop - start]
 
@@ -449,6 +518,8 @@ def evaluate_numpy(expr_or_program: Union[Expr, Program], prims, progress) -> np
     if prims.ndim != 2:
         raise ValueError(f"prims must be [N, P], got shape {prims.shape}")
     n, p = prims.shape
+    check_primitive_count(program, p, "evaluate_numpy")
+    prims = settle(prims, xp=np).astype(np.float32)
     progress = np.float32(progress)
     ops = np.asarray(program.ops)
     args = np.asarray(program.args, np.float32)
@@ -461,10 +532,7 @@ def evaluate_numpy(expr_or_program: Union[Expr, Program], prims, progress) -> np
             if op == PUSH_CONST:
                 value = np.full(n, arg, np.float32)
             elif op == PUSH_PRIM:
-                index = int(arg)
-                if not 0 <= index < p:
-                    raise IndexError(f"program reads primitive g{index + 1} but prims has {p} columns")
-                value = prims[:, index].copy()
+                value = prims[:, int(arg)].copy()
             elif op == PUSH_U:
                 value = np.full(n, progress, np.float32)
             elif op in (NEG, ABS):
@@ -496,7 +564,7 @@ def evaluate_numpy(expr_or_program: Union[Expr, Program], prims, progress) -> np
                     value = maximum(lhs, rhs, xp=np)
                 else:
                     raise ValueError(f"bad opcode {op}")
-            stack.append(finite_or_nan(np.asarray(value, np.float32), xp=np).astype(np.float32))
+            stack.append(settle(np.asarray(value, np.float32), xp=np).astype(np.float32))
     if len(stack) != 1:
         raise ValueError(f"malformed program: {len(stack)} values left on the stack")
     return stack[0]
