@@ -99,6 +99,15 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"config.primitives.extra: {err.args[0]}") from None
 
 
+def check_policy_files(cfg: Any) -> None:
+    """The local directories the policy is loaded from (`policy.checkpoint`, `policy.tokenizer`) exist."""
+    for field in ("checkpoint", "tokenizer"):
+        path = f"policy.{field}"
+        value = str(config_checks.config_value(cfg, path)).strip() if config_checks.has_field(cfg, path) else ""
+        if value and not os.path.isdir(os.path.expanduser(value)):
+            raise ConfigError(f"config.{path}={value!r}: no such directory")
+
+
 def _primitives_entry(cfg: Any, field: str) -> tuple[str, ...]:
     """`config.primitives.<field>` (module names or extra primitive names); () when absent."""
     path = f"primitives.{field}"
@@ -154,12 +163,20 @@ def plan(cfg: Any, workdir: str, mode: str, expression: str | None = None) -> Pl
     if expression is not None and mode != "final":
         raise InputError(f"--expression applies to --mode=final only; --mode={mode} finds its own expressions")
     validate(cfg)
+    check_policy_files(cfg)
     names = primitive_names(cfg)
-    run_dir.check_writable(workdir)
     if mode == "final":
         expression, source = final_expression(workdir, expression)
         check_expression(expression, names, flag="--expression" if source == "--expression" else source)
+    if _primary_process():  # in a multi-process job process 0 alone writes the run directory
+        run_dir.check_writable(workdir)
     return Plan(mode, workdir, expression, names)
+
+
+def _primary_process() -> bool:
+    """False on processes 1.. of a multi-process job (JAX is imported by then); True otherwise."""
+    jax = sys.modules.get("jax")
+    return jax is None or jax.process_index() == 0
 
 
 # --------------------------------------------------------------------------- building and running

@@ -91,6 +91,9 @@ def cases(tmp_path_factory):
                                f"--workdir={unwritable} is not writable: "),
         "primitive_module_missing": ((SMOKE, "--config.primitives.modules=('no_such_family',)", w("e18")),
                                      "config.primitives.modules: no module named 'no_such_family'"),
+        "policy_checkpoint_missing": ((TINY_MATH, "--config.policy.checkpoint=/no/such/Qwen2.5-3B", "--mode=final",
+                                       "--expression=g1", w("e22")),
+                                      "config.policy.checkpoint='/no/such/Qwen2.5-3B': no such directory"),
         "workdir_in_use": ((SMOKE, "--mode=final", "--expression=g1", f"--workdir={locked}"),
                            f"{locked} is in use by pid {holder.pid} on host {host}, started "),
         "data_not_utf8": ((TINY_MATH, f"--config.data.train=gsm8k:{latin1}", f"--config.data.test=gsm8k:{latin1}",
@@ -118,7 +121,7 @@ USER_ERRORS = [
     "config_missing", "config_flag_missing", "unknown_preset", "unknown_field",
     "bad_value", "unknown_strategy", "unknown_flag", "unknown_mode", "stray_argument",
     "expression_with_search", "final_without_search", "expression_syntax", "expression_unknown_primitive",
-    "workdir_is_a_file", "workdir_unwritable", "primitive_module_missing", "workdir_in_use",
+    "workdir_is_a_file", "workdir_unwritable", "primitive_module_missing", "policy_checkpoint_missing", "workdir_in_use",
     "data_not_utf8", "data_missing",
 ]
 
@@ -137,9 +140,8 @@ def test_a_user_error_is_one_line_with_status_2(cases, name):
 
 def test_nothing_is_written_where_the_checks_fail(cases):
     root = cases["_root"]
-    for index in range(1, 19):  # the workdirs of the config, flag and expression errors
-        made = root / f"e{index}"
-        assert not made.exists() or os.listdir(made) == [], made
+    for index in [*range(1, 19), 22]:  # the workdirs of the config, flag, expression and policy errors
+        assert not (root / f"e{index}").exists(), index
     assert sorted(os.listdir(root / "e19")) == []  # the data error released the lock and left nothing
 
 
