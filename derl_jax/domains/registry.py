@@ -22,7 +22,7 @@ from derl_jax.config import ConfigError
 
 DOMAIN_PACKAGE = "derl_jax.domains"
 # Modules of the domains package that hold shared code, not a domain (left out of error messages).
-SHARED_MODULES = frozenset({"base", "registry", "env", "math_data", "host_pool"})
+SHARED_MODULES = frozenset({"base", "registry", "env", "math_data"})
 
 
 def _no_checks(cfg: Any) -> None:
