@@ -204,10 +204,10 @@ def build_inner(domain: Any, cfg: Any, workdir: str):
 
 def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, progress: bool = True) -> Any:
     """Check the inputs, lock `workdir`, build the domain and the inner loop, run `mode`; returns its result."""
-    import jax
+    import jax  # noqa: F401  (before the checks: which process this is decides who writes and locks)
 
     checked = plan(cfg, workdir, mode, expression)
-    lock = run_dir.exclusive(workdir) if jax.process_index() == 0 else contextlib.nullcontext()  # one lock per run
+    lock = run_dir.exclusive(workdir) if _primary_process() else contextlib.nullcontext()  # one lock per run
     with lock:
         domain = build_domain(cfg)
         if checked.expression is not None:
