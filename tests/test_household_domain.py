@@ -90,3 +90,19 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
     assert len(more) > len(texts) and more[: len(texts)] == texts
     with pytest.raises(ValueError, match="holdout_rows"):
         domain.corpus(7, [99], {})
+
+
+@pytest.mark.parametrize("preset", ["default", "smoke"])
+def test_config_presets_pass_every_check(preset):
+    from configs import common, household
+    from derl_jax.config import validate
+    from derl_jax.meta.strategies import validate_config
+
+    cfg = household.get_config(preset)
+    validate(cfg)
+    validate_config(cfg)
+    assert cfg.domain.kind == "household" and get_domain(cfg.domain.kind).primitive_names(cfg) == (
+        "outcome", "phase_first", "phase_middle", "phase_last")
+    reference = common.base("x", {}, {})
+    for block in ("inner", "meta", "outer", "evolution", "final", "compare", "mesh", "primitives"):
+        assert set(cfg[block].keys()) == set(reference[block].keys()), block
