@@ -56,6 +56,7 @@ from primitives import registry as primitive_registry
 MODES = ("search", "final", "compare")
 EXIT_USER_ERROR = 2
 SCRIPT = "launch/run.py"
+HELP_FLAGS = ("-?", "-h", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file, e.g. configs/arith.py:smoke.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config.name>).")
@@ -253,6 +254,8 @@ def user_error(message: str, *, debug: bool = False) -> NoReturn:
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing with each failure turned into one line naming the flag."""
+    if any(arg.split("=", 1)[0] in HELP_FLAGS for arg in argv[1:]):
+        return flags.FLAGS(argv)  # absl prints the help and exits
     debug = any(arg in ("--debug", "-debug") for arg in argv)
     config_arg = _config_argument(argv)
     if config_arg is None:

@@ -164,3 +164,9 @@ def test_an_internal_error_keeps_its_traceback(cases):
     assert "Traceback (most recent call last)" in completed.stderr
     assert "RuntimeError: exploding primitives at import" in completed.stderr
     assert PREFIX not in completed.stderr
+
+
+def test_help_is_absl_help_not_an_error():
+    completed = launch("--help")
+    assert "Modes:" in completed.stdout and "--workdir" in completed.stdout and "--debug" in completed.stdout
+    assert PREFIX not in completed.stderr and "Traceback" not in completed.stderr
