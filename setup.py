@@ -45,5 +45,6 @@ setup(
         "bench": TEST + ["trl>=0.12"],
         "cuda12": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
+        "agents": ["scienceworld>=1.2"],
     },
 )

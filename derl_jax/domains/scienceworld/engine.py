@@ -1,0 +1,87 @@
+"""One ScienceWorld simulator: a JVM started and stopped by this process, stepped fast.
+
+`Worker` wraps the `scienceworld` package's Java engine (its bundled jar, run by the machine's
+Java). Its `step` calls the engine's step, score and completion directly: the package's own
+`step` also lists every valid action, looks around and reads the inventory after each step,
+which costs more than the step itself; `valid_actions()` lists them only when asked. An
+ambiguous action (the engine asks which of several objects was meant) is resolved to the
+first choice, so every call is one turn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+AMBIGUOUS = "ambiguous request"
+INSTALL_JAVA = "install Java 11 or newer so that `java` is on PATH (e.g. apt-get install openjdk-17-jre-headless)"
+INSTALL_PACKAGE = "pip install 'derl_jax[agents]' (or: pip install scienceworld)"
+
+
+class EngineMissing(RuntimeError):
+    """Java or the scienceworld package is not installed."""
+
+
+def require_engine() -> None:
+    """Raise `EngineMissing` saying what to install when ScienceWorld cannot start here."""
+    if shutil.which("java") is None:
+        raise EngineMissing(f"ScienceWorld needs Java, which is not on PATH: {INSTALL_JAVA}")
+    if importlib.util.find_spec("scienceworld") is None:
+        raise EngineMissing(f"ScienceWorld needs the scienceworld package, which is not installed: {INSTALL_PACKAGE}")
+
+
+class Worker:
+    """One simulator (one JVM). Not thread-safe: one episode at a time."""
+
+    def __init__(self, step_limit: int = 100):
+        require_engine()
+        from scienceworld import ScienceWorldEnv  # imported here: an optional dependency
+
+        self._env = ScienceWorldEnv("", envStepLimit=step_limit)
+        self._server = self._env.server
+        self.task_names: tuple[str, ...] = tuple(self._env.get_task_names())
+
+    def load(self, task: str, variation: int, simplifications: str = "easy", gold_path: bool = False) -> None:
+        if task not in self.task_names:
+            raise ValueError(f"unknown ScienceWorld task {task!r}; known: {', '.join(self.task_names)}")
+        self._env.load(task, int(variation), simplifications, generateGoldPath=gold_path)
+
+    def reset(self) -> str:
+        """Restart the loaded task variation -> the first observation (task description + room)."""
+        self._server.reset()
+        return f"{self._server.freeActionTaskDesc()}\n{self._server.step('look around')}"
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        """(observation, score in [0, 1] (negative when the task failed), completed) after `action`."""
+        observation = self._server.step(action)
+        if observation.strip().lower().startswith(AMBIGUOUS):
+            observation = self._server.step("0")
+        score = float(self._server.getScore())
+        return observation, score, bool(self._server.getCompleted()) or score < 0
+
+    def valid_actions(self) -> list[str]:
+        """Every action the engine would accept now (slow: enumerates objects x templates)."""
+        return list(self._server.getValidActionObjectCombinations())
+
+    def gold_actions(self) -> list[str]:
+        """The engine's gold action sequence of the task loaded with `gold_path=True`."""
+        return self._env.get_gold_action_sequence()
+
+    def vocabulary(self) -> set[str]:
+        """Words of the loaded task's objects and action templates (the engine's own list)."""
+        return set(self._env.get_vocabulary())
+
+    def variations(self, task: str, split: str) -> list[int]:
+        """The benchmark's variation indices of `task` in `split` ('train', 'dev' or 'test')."""
+        self.load(task, 0)
+        getter = {"train": self._env.get_variations_train, "dev": self._env.get_variations_dev,
+                  "test": self._env.get_variations_test}
+        if split not in getter:
+            raise ValueError(f"split must be 'train', 'dev' or 'test', got {split!r}")
+        return list(getter[split]())
+
+    def close(self) -> None:
+        """Stop the JVM."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None

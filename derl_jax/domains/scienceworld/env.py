@@ -1,0 +1,135 @@
+"""ScienceWorld as a batched host environment (`derl_jax.domains.env.HostEnv`).
+
+    env = ScienceWorldEnv(task_names, num_workers=B)   # B JVMs, started here, stopped by close()
+    obs i32[B, O], states = env.reset(keys u32[B, 2], tasks)   # tasks: {"task": i32[B], "variation": i32[B]}
+    obs, states, reward f32[B], done bool[B], info = env.step(states, actions i32[B, A])
+
+Episode b runs on worker b (one JVM each; a thread per worker, since the engine's calls
+release the GIL while Java works). `tasks["task"]` indexes `env.task_names`, the tasks the
+vocabulary was built for; `tasks["variation"]` is the engine's variation index (see
+`splits.py`). The vocabulary is built from the engine for `task_names` unless given. Actions are the policy's word ids: a tag then the action words (`tags.py`).
+
+  reward      the engine's score change this step, in [-1, 1] (its score is 0..100 %)
+  done        the engine says the task is completed (solved or failed), or `max_turns` steps
+  info        step_score f32[B] (tag rules, `tags.py`), success f32[B] (the task solved:
+              completed with the full score), score f32[B] (the engine's score, 0..1),
+              valid f32[B] (the action did something)
+
+Steps after `done` change nothing (zeros). The keys are accepted for the interface and not
+used: the engine's variation fixes the episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from derl_jax.domains.scienceworld import tags as T
+from derl_jax.domains.scienceworld.engine import Worker, require_engine
+from derl_jax.domains.scienceworld.vocab import Vocabulary, build_vocabulary
+
+
+@dataclasses.dataclass
+class Episode:
+    """Host state of one episode."""
+
+    task: str
+    variation: int
+    tracker: T.TagTracker
+    score: float = 0.0
+    done: bool = False
+    turn: int = 0
+
+
+class ScienceWorldEnv:
+    """B ScienceWorld simulators behind the batched host-environment interface."""
+
+    host = True
+
+    def __init__(self, task_names: Sequence[str], num_workers: int, *, vocab: Vocabulary | None = None,
+                 obs_length: int = 128, action_length: int = 16, max_turns: int = 30, simplifications: str = "easy"):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        require_engine()  # before any thread starts: one clear message when Java or the package is missing
+        self.task_names = tuple(task_names)
+        self.obs_length, self.action_length, self.max_turns = obs_length, action_length, max_turns
+        self.simplifications = simplifications
+        self._pool = ThreadPoolExecutor(num_workers)
+        self.workers: list[Worker] = list(self._pool.map(lambda _: Worker(step_limit=max_turns + 1), range(num_workers)))
+        unknown = [name for name in self.task_names if name not in self.workers[0].task_names]
+        if unknown:
+            self.close()
+            raise ValueError(f"unknown ScienceWorld tasks {unknown}; known: {', '.join(self.workers[0].task_names)}")
+        self.vocab = vocab or build_vocabulary(self.workers[0], self.task_names, simplifications)
+
+    def _map(self, fn, *columns):
+        return list(self._pool.map(fn, *columns))
+
+    def reset(self, keys: np.ndarray, tasks: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[Episode]]:
+        """B fresh episodes -> (obs i32[B, O], states)."""
+        task_ids, variations = np.asarray(tasks["task"]), np.asarray(tasks["variation"])
+        batch = len(task_ids)
+        if batch > len(self.workers) or np.shape(keys)[0] != batch or variations.shape != (batch,):
+            raise ValueError(f"reset: {batch} tasks, {np.shape(keys)[0]} keys, {len(self.workers)} workers")
+
+        def start(b: int):
+            name = self.task_names[int(task_ids[b])]
+            worker = self.workers[b]
+            worker.load(name, int(variations[b]), self.simplifications)
+            observation = worker.reset()
+            tracker = T.TagTracker()
+            location = T.start_location(observation)
+            if location:
+                tracker.visited.add(location)
+            return self.vocab.encode(observation, self.obs_length), Episode(name, int(variations[b]), tracker)
+
+        started = self._map(start, range(batch))
+        return np.stack([obs for obs, _ in started]), [episode for _, episode in started]
+
+    def step(self, states: Sequence[Episode], actions: np.ndarray):
+        """One step of every live episode -> (obs i32[B, O], states, reward f32[B], done bool[B], info)."""
+        actions = np.asarray(actions)
+        if actions.shape != (len(states), self.action_length):
+            raise ValueError(f"step: actions must be int [{len(states)}, {self.action_length}], got {actions.shape}")
+
+        def advance(b: int):
+            episode = states[b]
+            if episode.done:
+                return np.full(self.obs_length, self.vocab.pad_id, np.int32), 0.0, 0.0, 0.0
+            tag, action = T.split_tag(self.vocab.decode(actions[b]))
+            observation, score, completed = self.workers[b].step(action) if action else ("No known action matches that input.",
+                                                                                       episode.score, False)
+            step_score = T.score_step(episode.tracker, tag, action, observation, score > episode.score)
+            reward = score - episode.score
+            episode.score, episode.turn = score, episode.turn + 1
+            episode.done = completed or episode.turn >= self.max_turns
+            valid = float(not T.failed(observation))
+            return self.vocab.encode(observation, self.obs_length), reward, step_score, valid
+
+        results = self._map(advance, range(len(states)))
+        obs = np.stack([r[0] for r in results])
+        info = {
+            "step_score": np.array([r[2] for r in results], np.float32),
+            "success": np.array([float(e.done and e.score >= 1.0) for e in states], np.float32),
+            "score": np.array([e.score for e in states], np.float32),
+            "valid": np.array([r[3] for r in results], np.float32),
+        }
+        return obs, list(states), np.array([r[1] for r in results], np.float32), np.array([e.done for e in states]), info
+
+    def valid_actions(self, b: int) -> list[str]:
+        """The actions episode b's engine accepts now (slow; only when asked)."""
+        return self.workers[b].valid_actions()
+
+    def close(self) -> None:
+        """Stop every JVM."""
+        self._map(lambda worker: worker.close(), self.workers)
+        self._pool.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,77 @@
+"""The ScienceWorld domain's fixed word-level vocabulary.
+
+Ids 0..4 are the specials <pad>, <unk>, <bos>, <eos>, <obs>; the four meta-tags follow, then
+`BASE_WORDS` (the engine's fixed phrasing and action verbs), then the words of the engine's
+own vocabulary (`Worker.vocabulary()`: visible object names and action templates) and of every
+observation along the engine's gold path of variation 0 of each task, sorted. So the word list depends only on
+the engine's version and the task names, never on run order or machine. Text is lower-cased
+and split into words and punctuation; a word outside the list is <unk>.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from derl_jax.domains.scienceworld.tags import TAGS
+
+SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<obs>")
+BASE_WORDS = tuple(
+    "this room is called the in it you see a an also door to that open closed containing which has on "
+    "of and your task what how there nothing here no known action matches input move teleport go look "
+    "around at pick up put down drop focus use activate deactivate connect disconnect eat flush mix pour "
+    "read wait wait1 inventory close dunk into with from now not can't clear get substance called agent already "
+    "air water first then take actions will cause state matter . , : ? ! ( ) ' - 0 1 2 3 4 5 6 7 8 9".split())
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words and punctuation marks of `text`."""
+    return _TOKEN.findall(text.lower())
+
+
+class Vocabulary:
+    """Word <-> id table; `encode` pads or cuts to a length, `decode` stops at padding."""
+
+    def __init__(self, extra_words: Iterable[str], task_names: Sequence[str]):
+        listed = list(dict.fromkeys((*SPECIALS, *TAGS, *BASE_WORDS)))
+        known = set(listed)
+        listed += sorted({w for w in extra_words if w not in known})
+        self.words = tuple(listed)
+        self.ids = {w: i for i, w in enumerate(self.words)}
+        self.task_names = tuple(task_names)
+        self.pad_id, self.unk_id = self.ids["<pad>"], self.ids["<unk>"]
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def encode(self, text: str, length: int) -> np.ndarray:
+        """i32[length]: ids of the first `length` words of `text`, padded."""
+        ids = [self.ids.get(w, self.unk_id) for w in words(text)][:length]
+        return np.array(ids + [self.pad_id] * (length - len(ids)), np.int32)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Words of the ids up to the first padding, joined by spaces."""
+        out = []
+        for i in np.asarray(ids).tolist():
+            if i == self.pad_id:
+                break
+            out.append(self.words[i] if 0 <= i < len(self.words) else "<unk>")
+        return " ".join(out)
+
+
+def build_vocabulary(worker, task_names: Sequence[str], simplifications: str = "easy") -> Vocabulary:
+    """The vocabulary of `task_names` from the engine: plays the gold path of variation 0 of each
+    task once and keeps the words it meets (words of other variations may be <unk>)."""
+    extra: set[str] = set()
+    for name in task_names:
+        worker.load(name, 0, simplifications, gold_path=True)
+        extra.update(words(worker.reset()))
+        for action in worker.gold_actions():
+            for phrase in worker.vocabulary():
+                extra.update(words(phrase))
+            extra.update(words(action))
+            extra.update(words(worker.step(action)[0]))
+    return Vocabulary(extra, task_names)

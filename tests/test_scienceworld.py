@@ -1,0 +1,138 @@
+"""ScienceWorld adapter: tag rules, vocabulary, install messages, and two episodes on the real engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import numpy as np
+import pytest
+
+from derl_jax.domains import env as env_api
+from derl_jax.domains.scienceworld import engine, tags
+from derl_jax.domains.scienceworld.tags import TagTracker, score_step, split_tag
+from derl_jax.domains.scienceworld.vocab import Vocabulary, words
+
+
+def test_tag_rules_follow_what_each_step_did():
+    tracker = TagTracker(visited={"hallway"})
+    steps = [  # (policy text, engine answer, score rose, expected step score, why)
+        ("plan open door to kitchen", "The door is now open.", False, 1.0, "plan at the start"),
+        ("act go to kitchen", "You move to the kitchen.", False, 0.0, "reaching an unvisited room is explore"),
+        ("explore open cupboard", "The cupboard is now open.", False, 1.0, "a never-opened receptacle"),
+        ("act xyzzy", "No known action matches that input.", False, 0.0, "not parsed: not well-formed"),
+        ("reflect look around", "This room is called the kitchen.", False, 1.0, "reflect after a failure"),
+        ("act focus on cupboard", "You focus on the cupboard.", True, 1.0, "a plain action"),
+        ("act move cupboard to red box", "You move the cupboard to the red box.", False, 0.0,
+         "after a completed subgoal the tag is plan"),
+        ("explore open cupboard", "The cupboard is now open.", False, 0.0, "opened before: not explore"),
+        ("go to hallway", "You move to the hallway.", False, 0.0, "no tag: not well-formed"),
+        ("reflect go to hallway", "You move to the hallway.", False, 1.0, "after the untagged (failed) step"),
+    ]
+    scores = []
+    for text, observation, rose, want, why in steps:
+        tag, action = split_tag(text)
+        scores.append(score_step(tracker, tag, action, observation, rose))
+        assert scores[-1] == want, why
+    assert tracker.turn == len(steps) and tracker.visited == {"hallway", "kitchen"} and tracker.opened == {"cupboard"}
+
+
+def test_split_tag_and_failures():
+    assert split_tag("Explore  go to kitchen ") == ("explore", "go to kitchen")
+    assert split_tag("go to kitchen") == (None, "go to kitchen")
+    assert split_tag("plan") == ("plan", "")
+    assert tags.failed("No known action matches that input.") and tags.failed("The door is already open.")
+    assert not tags.failed("You move to the kitchen.")
+    assert tags.start_location("Task\nThis room is called the art studio. In it") == "art studio"
+
+
+def test_vocabulary_round_trip_and_padding():
+    vocab = Vocabulary(["cupboard", "red", "box", "cupboard"], ["find-non-living-thing"])
+    ids = vocab.encode("Explore: move Cupboard to red box zebra", 12)
+    assert ids.dtype == np.int32 and ids.shape == (12,)
+    assert vocab.decode(ids) == "explore : move cupboard to red box <unk>"
+    assert vocab.encode("a b c", 2).tolist() == [vocab.ids["a"], vocab.unk_id]
+    assert len(vocab) == len(set(vocab.words))
+    assert words("It's 3 o'clock.") == ["it's", "3", "o'clock", "."]
+
+
+def test_missing_java_or_package_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(engine.EngineMissing, match="needs Java.*openjdk"):
+        engine.Worker()
+    monkeypatch.undo()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "scienceworld" else real(name, *a))
+    if shutil.which("java") is not None:
+        with pytest.raises(engine.EngineMissing, match=r"pip install 'derl_jax\[agents\]'"):
+            engine.Worker()
+
+
+# ----------------------------------------------------------------------------- the real engine
+
+TASK = "find-non-living-thing"
+GOLD = ["open door to kitchen", "go to kitchen", "look around", "focus on cupboard", "move cupboard to red box"]
+
+
+@pytest.fixture(scope="module")
+def scienceworld():
+    engine.require_engine()  # fails with what to install: the agents extra is part of this test suite
+    from derl_jax.domains.scienceworld.env import ScienceWorldEnv
+
+    env = ScienceWorldEnv([TASK], num_workers=2, obs_length=96, action_length=12, max_turns=5)
+    yield env
+    env.close()
+
+
+def _actions(env, texts):
+    return np.stack([env.vocab.encode(text, env.action_length) for text in texts])
+
+
+def test_two_scripted_episodes_score_and_end(scienceworld):
+    env = scienceworld
+    assert isinstance(env, env_api.HostEnv) and env_api.is_host_env(env)
+    obs, states = env_api.checked_host_step(env, env.reset(np.zeros((2, 2), np.uint32),
+                                                           {"task": np.zeros(2, np.int32),
+                                                            "variation": np.zeros(2, np.int32)}), 2)
+    assert "this room is called the" in env.vocab.decode(obs[0]) and (obs[0] == obs[1]).all()
+    # episode 0 follows the gold path with the right tags; episode 1 fumbles, reflects, explores,
+    # then dawdles until the turn limit (5)
+    script = [
+        ("plan open door to kitchen", "plan xyzzy"),
+        ("explore go to kitchen", "reflect open door to kitchen"),
+        ("plan look around", "explore go to kitchen"),
+        ("act focus on cupboard", "act focus on agent"),
+        ("plan move cupboard to red box", "act look around"),
+        ("act look around", "act look around"),  # both episodes are over
+    ]
+    rewards, dones, step_scores, successes, scores, observations = [], [], [], [], [], []
+    for pair in script:
+        obs, states, reward, done, info = env_api.checked_host_step(env, env.step(states, _actions(env, pair)), 2)
+        rewards.append(reward), dones.append(done), step_scores.append(info["step_score"])
+        successes.append(info["success"]), scores.append(info["score"]), observations.append(obs)
+    rewards, dones, step_scores = np.array(rewards), np.array(dones), np.array(step_scores)
+    successes, scores = np.array(successes), np.array(scores)
+    text = [[env.vocab.decode(obs[b]) for obs in observations] for b in range(2)]
+
+    # episode 0: the engine scores each subgoal; solved on the 5th step, never before
+    assert text[0][1] == "you move to the kitchen ." and text[0][4] == "you move the cupboard to the red box ."
+    assert dones[:5, 0].tolist() == [False, False, False, False, True]
+    assert successes[:5, 0].tolist() == [0, 0, 0, 0, 1] and scores[4, 0] == pytest.approx(1.0)
+    assert np.all(np.diff(scores[:5, 0]) >= 0) and np.all(scores[:4, 0] < 1)
+    np.testing.assert_allclose(np.cumsum(rewards[:5, 0]), scores[:5, 0], atol=1e-6)
+    assert step_scores[:5, 0].tolist() == [1, 1, 1, 1, 1]
+    # episode 1: the unknown word is not well-formed; reflect right after it and exploring the
+    # kitchen are right; 'act' right after the kitchen subgoal is not (plan is); the turn limit ends it
+    assert text[1][0] == "no known action matches that input ."
+    assert step_scores[:5, 1].tolist() == [0, 1, 1, 0, 1]
+    assert dones[:5, 1].tolist() == [False, False, False, False, True] and successes[:, 1].sum() == 0
+    assert 0 < scores[4, 1] < 1
+    # after done nothing changes
+    assert dones[5].all() and (rewards[5] == 0).all() and (step_scores[5] == 0).all()
+    assert (observations[5] == env.vocab.pad_id).all() and successes[5].tolist() == [1, 0]
+
+    # a reset replays identically
+    _, states = env.reset(np.zeros((2, 2), np.uint32), {"task": np.zeros(2, np.int32), "variation": np.zeros(2, np.int32)})
+    again = env.step(states, _actions(env, script[0]))
+    assert again[4]["step_score"].tolist() == step_scores[0].tolist() and again[3].tolist() == [False, False]
+    assert "focus on cupboard" not in env.valid_actions(0) and "go to kitchen" in env.valid_actions(1)
