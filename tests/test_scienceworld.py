@@ -136,3 +136,33 @@ def test_two_scripted_episodes_score_and_end(scienceworld):
     again = env.step(states, _actions(env, script[0]))
     assert again[4]["step_score"].tolist() == step_scores[0].tolist() and again[3].tolist() == [False, False]
     assert "focus on cupboard" not in env.valid_actions(0) and "go to kitchen" in env.valid_actions(1)
+
+
+class _FakeWorker:
+    """The engine's variation lists for two tasks (what `Worker.variations` returns)."""
+
+    VARIATIONS = {"boil": {"train": [0, 1, 2], "test": [5, 6]}, "melt": {"train": [3, 4], "test": [7]}}
+
+    def variations(self, task, split):
+        return self.VARIATIONS[task][split]
+
+
+def test_level_splits_use_the_engine_variation_lists():
+    from derl_jax.domains.scienceworld.splits import level_split
+
+    names = ("boil", "melt")
+    train, evaluate = level_split(_FakeWorker(), names, "L0")
+    assert train["task"].tolist() == [0, 0, 0, 1, 1] and train["variation"].tolist() == [0, 1, 2, 3, 4]
+    assert evaluate["variation"].tolist() == train["variation"].tolist()
+    train, evaluate = level_split(_FakeWorker(), names, "L1", limit=2)
+    assert train["variation"].tolist() == [0, 1, 3, 4] and evaluate["task"].tolist() == [0, 0, 1]
+    assert evaluate["variation"].tolist() == [5, 6, 7]
+    train, evaluate = level_split(_FakeWorker(), names, "L2", held_out=("melt",))
+    assert set(train["task"].tolist()) == {0} and evaluate["task"].tolist() == [1]
+    assert evaluate["variation"].tolist() == [7] and train["variation"].dtype == np.int32
+    with pytest.raises(ValueError, match="L2 needs held-out tasks"):
+        level_split(_FakeWorker(), names, "L2")
+    with pytest.raises(ValueError, match=r"held-out tasks \['freeze'\]"):
+        level_split(_FakeWorker(), names, "L1", held_out=("freeze",))
+    with pytest.raises(ValueError, match="level must be one of"):
+        level_split(_FakeWorker(), names, "L3")
