@@ -2,7 +2,6 @@
 
 import jax
 import numpy as np
-import pytest
 
 from derl_jax.domains.household import env as household_env
 from derl_jax.domains.household import tasks as T

@@ -24,9 +24,10 @@ from derl_jax.domains.household import actions as A
 from derl_jax.domains.household import vocab
 from derl_jax.domains.household.env import (TAG_PRIORITY, HouseholdEnv, HouseholdState, acceptable_tags,
                                             accessible, held_object)
-from derl_jax.domains.household.tasks import CLEAN, COOL, EXAMINE, HEAT, HELD, PICK_TWO, Task
+from derl_jax.domains.household.tasks import CLEAN, COOL, EXAMINE, HEAT, PICK_TWO, Task
 
 Policy = Callable[[HouseholdState, jax.Array], jax.Array]
+RANDOM_DRAWS = 7 + A.ACTION_LENGTH   # uniforms behind one random action, plus the perturbation coin
 
 
 def _first(mask: jax.Array) -> jax.Array:
@@ -38,7 +39,6 @@ def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Arra
     """(template, object slot, receptacle slot) of the expert's next action, each i32[]."""
     task = state.task
     kind, here = task.kind, state.agent_loc
-    here_slot = jnp.maximum(here, 0)
     is_goal = (task.obj_type == task.goal_object) & (task.obj_type >= 0)
     target_recep = _first(task.recep_type == task.goal_receptacle)
     appliance_type = jnp.select([kind == CLEAN, kind == HEAT], [vocab.SINK, vocab.MICROWAVE], vocab.FRIDGE)
@@ -73,7 +73,6 @@ def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Arra
     wanted = is_goal & ~((kind == PICK_TWO) & (state.obj_loc == target_recep))
     fetch = jnp.maximum(_first(wanted), 0)
     fetch_step = go_or(state.obj_loc[fetch], A.TAKE, fetch, state.obj_loc[fetch])
-    del here_slot
     return jax.tree_util.tree_map(
         lambda g, d, f: jnp.where(holding >= 0, jnp.where(is_goal[held], g, d), f).astype(jnp.int32),
         goal_step, drop_step, fetch_step)
@@ -106,10 +105,8 @@ def random_action(state: HouseholdState, key: jax.Array) -> jax.Array:
     return _random_action(state, jax.random.uniform(key, (RANDOM_DRAWS,)))
 
 
-RANDOM_DRAWS = 7 + A.ACTION_LENGTH
-
-
 def _random_action(state: HouseholdState, u: jax.Array) -> jax.Array:
+    """`random_action` from uniforms u f32[RANDOM_DRAWS] (the last one is left for the caller)."""
     task = state.task
     template = jnp.floor(u[0] * len(A.TEMPLATE_TEXT)).astype(jnp.int32)
     tag = jnp.floor(u[1] * len(vocab.TAGS)).astype(jnp.int32)
