@@ -170,3 +170,27 @@ def test_help_is_absl_help_not_an_error():
     completed = launch("--help")
     assert "Modes:" in completed.stdout and "--workdir" in completed.stdout and "--debug" in completed.stdout
     assert PREFIX not in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_two_real_runs_on_one_workdir(tmp_path):
+    """The second of two launcher runs on one workdir stops at once naming the first; the first goes on."""
+    import json
+    import time
+
+    workdir = tmp_path / "shared"
+    args = [sys.executable, SCRIPT, "--noprogress", SMOKE, "--mode=final", "--expression=g1", f"--workdir={workdir}"]
+    first = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = workdir / "run.lock"
+        deadline = time.monotonic() + 240
+        while not (lock.exists() and lock.read_text()) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert json.loads(lock.read_text())["pid"] == first.pid, first.stderr.read() if first.poll() is not None else ""
+        second = launch(SMOKE, "--mode=final", "--expression=g1", f"--workdir={workdir}")
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert second.stderr.strip() == (f"{PREFIX}{workdir} is in use by pid {first.pid} on host {socket.gethostname()}, "
+                                         f"started {json.loads(lock.read_text())['started']} (lock file {lock})")
+        assert first.poll() is None  # the first run is unaffected
+    finally:
+        first.kill()
+        first.wait()
