@@ -23,6 +23,7 @@ distinct ones found are repeated in order to fill the corpus.
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import numpy as np
@@ -76,57 +77,6 @@ def _nested(rng, k):
     return inner
 
 
-def _normalisation(rng, k):
-    a, b, c = _prims(rng, k, 3)
-    form = int(rng.integers(4))
-    if form == 0:
-        return f"{a}/({b}+{_pick(rng, OFFSETS)})"
-    if form == 1:
-        return f"({a}+{b})/{_pick(rng, DIVISORS)}"
-    if form == 2:
-        return f"{a}+{b}/{_pick(rng, DIVISORS)}"
-    return f"({a}+{_pick(rng, WEIGHTS)}*{b})/({c}+{_pick(rng, OFFSETS)})"
-
-
-def _product(rng, k):
-    a, b, c, d = _prims(rng, k, 4)
-    form = int(rng.integers(4))
-    if form == 0:
-        return f"{a}*({b}+{_pick(rng, OFFSETS)})"
-    if form == 1:
-        return f"{a}*{b}+{_pick(rng, WEIGHTS)}*{c}"
-    if form == 2:
-        return f"{a}+{b}*({c}/{_pick(rng, DIVISORS)})-{d}/{_pick(rng, DIVISORS)}"
-    return f"{a}*({b}+{_pick(rng, WEIGHTS)}*{c})"
-
-
-def _min_max_clip(rng, k):
-    a, b, c = _prims(rng, k, 3)
-    fn = _pick(rng, ("min", "max"))
-    form = int(rng.integers(5))
-    if form == 0:
-        return f"{fn}({a},{b})"
-    if form == 1:
-        return f"{a}+{_pick(rng, WEIGHTS)}*{fn}({b},{c})"
-    if form == 2:
-        return f"clip({a}+{_pick(rng, WEIGHTS)}*{b},0,1)"
-    if form == 3:
-        return f"{a}-{_pick(rng, WEIGHTS)}*abs({b}-{c})"
-    return f"{fn}({a},{_pick(rng, WEIGHTS)}*{b})"
-
-
-def _progress(rng, k):
-    a, b = _prims(rng, k, 2)
-    form = int(rng.integers(4))
-    if form == 0:
-        return f"{a}+{_pick(rng, WEIGHTS)}*u*{b}"
-    if form == 1:
-        return f"{a}*(1-u)+u*{b}"
-    if form == 2:
-        return f"{a}+{_pick(rng, WEIGHTS)}*{b}*(1-u)"
-    return f"{a}+({_pick(rng, WEIGHTS)}-{_pick(rng, WEIGHTS)}*u)*{b}"
-
-
 def _power(rng, k):
     a, b = _prims(rng, k, 2)
     if rng.random() < 0.5:
@@ -134,25 +84,44 @@ def _power(rng, k):
     return f"{a}**{_pick(rng, EXPONENTS)}+{_pick(rng, WEIGHTS)}*{b}"
 
 
-def _single(rng, k):
-    (a,) = _prims(rng, k, 1)
-    form = int(rng.integers(3))
-    if form == 0:
-        return a
-    if form == 1:
-        return f"{_pick(rng, WEIGHTS)}*{a}"
-    return f"{a}+{_pick(rng, OFFSETS)}"
+
+# Forms of the templated families: {a}..{d} are distinct primitives, {fn} is min or max, and
+# each {W} / {O} / {D} draws a weight / offset / divisor, left to right.
+_FORMS = {
+    "normalisation": (3, ("{a}/({b}+{O})", "({a}+{b})/{D}", "{a}+{b}/{D}", "({a}+{W}*{b})/({c}+{O})")),
+    "product": (4, ("{a}*({b}+{O})", "{a}*{b}+{W}*{c}", "{a}+{b}*({c}/{D})-{d}/{D}", "{a}*({b}+{W}*{c})")),
+    "min_max_clip": (3, ("{fn}({a},{b})", "{a}+{W}*{fn}({b},{c})", "clip({a}+{W}*{b},0,1)", "{a}-{W}*abs({b}-{c})",
+                         "{fn}({a},{W}*{b})")),
+    "progress": (2, ("{a}+{W}*u*{b}", "{a}*(1-u)+u*{b}", "{a}+{W}*{b}*(1-u)", "{a}+({W}-{W}*u)*{b}")),
+    "single": (1, ("{a}", "{W}*{a}", "{a}+{O}")),
+}
+
+
+def _templated(family: str) -> Template:
+    """The template drawing one of `_FORMS[family]`: primitives, then min/max where the
+    family uses it, then the form, then its constants in order."""
+    count, forms = _FORMS[family]
+    constants = {"W": WEIGHTS, "O": OFFSETS, "D": DIVISORS}
+
+    def template(rng, k):
+        names = dict(zip("abcd", _prims(rng, k, count)))
+        fn = _pick(rng, ("min", "max")) if family == "min_max_clip" else ""
+        form = forms[int(rng.integers(len(forms)))]
+        filled = re.sub(r"\{([WOD])\}", lambda m: _pick(rng, constants[m.group(1)]), form)
+        return filled.format(fn=fn, **names)
+
+    return template
 
 
 FAMILIES: dict[str, tuple[Template, float]] = {
     "weighted_sum": (_weighted_sum, 0.22),
     "nested": (_nested, 0.16),
-    "normalisation": (_normalisation, 0.12),
-    "product": (_product, 0.12),
-    "min_max_clip": (_min_max_clip, 0.14),
-    "progress": (_progress, 0.10),
+    "normalisation": (_templated("normalisation"), 0.12),
+    "product": (_templated("product"), 0.12),
+    "min_max_clip": (_templated("min_max_clip"), 0.14),
+    "progress": (_templated("progress"), 0.10),
     "power": (_power, 0.06),
-    "single": (_single, 0.08),
+    "single": (_templated("single"), 0.08),
 }
 
 

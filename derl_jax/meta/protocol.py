@@ -193,22 +193,14 @@ def _latex_of(expression: str | None, primitive_names: Sequence[str]) -> str | N
 
 
 def search_method(
-    method: str,
-    cfg: Any,
-    domain: TokenDomain,
-    evaluator: CandidateEvaluator,
-    workdir: str | os.PathLike,
-    seed: int,
-    *,
-    base_params: Any,
-    optimizer_factory: OptimizerFactory | None = None,
-    progress: bool = True,
-    echo: Callable[[str], None] | None = None,
+    method: str, cfg: Any, domain: TokenDomain, evaluator: CandidateEvaluator, workdir: str | os.PathLike, seed: int,
+    *, base_params: Any, optimizer_factory: OptimizerFactory | None = None, **console: Any,
 ) -> SearchResult:
     """The outer-loop search of `method` on (inner-train, validation) of `domain`, in `workdir`.
 
     Population strategies train `budget.population_inner_steps(cfg)` inner steps per
     candidate; with `compare.candidate_test` the candidate policies are kept for testing.
+    console: `progress` and `echo` of `search`.
     """
     names = domain.primitive_names
     inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
@@ -218,7 +210,7 @@ def search_method(
     )
     return search(
         strategy, evaluator, inner_train, validation, names, cfg, workdir, run_keys(seed)["search"],
-        init_params=base_params, outcome_index=domain.outcome_index, progress=progress, echo=echo,
+        init_params=base_params, outcome_index=domain.outcome_index, **console,
         inner_steps=population_inner_steps(cfg) if strategy.population else None,
         keep_candidate_policies=_flag(cfg, "compare.candidate_test"),
     )

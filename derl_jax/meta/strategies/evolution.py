@@ -18,14 +18,8 @@ import numpy as np
 from derl_jax.expr.parse import MAX_TEXT_LENGTH, ExpressionError, parse, to_text
 from derl_jax.meta import evolution
 from derl_jax.meta.evolution_population import EvolutionState
-from derl_jax.meta.strategies.base import (
-    CandidateRecord,
-    MetaOptimizerLike,
-    Strategy,
-    StrategyContext,
-    check_proposals,
-    check_update,
-)
+from derl_jax.meta.strategies import base
+from derl_jax.meta.strategies.base import CandidateRecord, Strategy, check_proposals, check_update
 from derl_jax.meta.strategies.registry import register_strategy
 
 EVOLUTION_INITS = ("cold_start", "random_trees")
@@ -53,7 +47,7 @@ class EvolutionStrategy(Strategy):
         *,
         num_candidates: int,
         initialisation: str = "cold_start",
-        optimizer: MetaOptimizerLike | None = None,
+        optimizer: base.MetaOptimizerLike | None = None,
         capacity: int = 16,
         tournament: int = 3,
         mutation_rate: float = 0.5,
@@ -73,7 +67,7 @@ class EvolutionStrategy(Strategy):
         self.initial_depth = int(initial_depth)
 
     @classmethod
-    def from_config(cls, name: str, context: StrategyContext) -> "EvolutionStrategy":
+    def from_config(cls, name: str, context: base.StrategyContext) -> "EvolutionStrategy":
         evo = context.cfg.evolution
         optimizer = context.optimizer(name) if evo.init == "cold_start" else None
         return cls(
