@@ -14,7 +14,7 @@ Sections (random weights, bf16 compute, f32 parameters, every row decodes all T 
               backend keeps one (GPU, TPU). On CPU, where it does not, the bytes of the live
               arrays while `sample` runs (arguments + outputs) against the compiler's
               argument + output bytes.
-* mfu         per policy shape (0.5B and 1.5B; --tiny: two tiny ones): one `sample` call and
+* mfu         per policy shape (0.5B and 1.5B; --tiny: a tiny one): one `sample` call and
               one GRPO optimizer step; model FLOPs from `derl_jax.plan.analytic` (matmuls
               only), MFU = FLOPs / time / the device's peak bf16 rate (roofline table, or
               --peak-flops; null when neither knows it).
@@ -48,12 +48,11 @@ def settings(tiny: bool) -> dict:
     if tiny:
         small = dict(num_layers=1, num_heads=2, num_kv_heads=1)
         return {
-            "mfu_models": {"tiny-a": tr.tiny_config(256, hidden_size=64, intermediate_size=128, **small),
-                           "tiny-b": tr.tiny_config(256, hidden_size=96, intermediate_size=192, **small)},
+            "mfu_models": {"tiny": tr.tiny_config(256, hidden_size=64, intermediate_size=128, **small)},
             "mfu": dict(prompts_per_step=2, group_size=2, prompt_tokens=8, new_tokens=8),
             "memory": dict(prompts_per_step=2, group_size=2, prompt_tokens=8, new_tokens=8),
             "memory_model": tr.tiny_config(256, hidden_size=64, intermediate_size=128, **small),
-            "candidates": (1, 2, 4),
+            "candidates": (1, 4),
             "candidate_model": tr.tiny_config(64, hidden_size=32, intermediate_size=64, **small),
             "candidate_shape": dict(prompts_per_step=2, group_size=2, prompt_tokens=6, new_tokens=6),
             "repeats": 2,
@@ -120,7 +119,8 @@ def check_memory(model: tr.ModelConfig, sizes: dict) -> dict:
     out = {"shape": {"vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "layers": model.num_layers,
                      **sizes},
            "predicted": predicted,
-           "predicted_peak_bytes": max(p["peak_bytes"] for p in predicted.values()) if all(predicted.values()) else None,
+           "predicted_peak_bytes": (max(p["peak_bytes"] for p in predicted.values())
+                                    if all(predicted.values()) else None),
            "analytic_peak_bytes": analytic.peak_bytes_estimate(shape),
            "loss_finite": bool(np.isfinite(np.asarray(metrics["loss"])).all())}
     if "peak_bytes_in_use" in stats:
@@ -158,7 +158,8 @@ def check_mfu(name: str, model: tr.ModelConfig, sizes: dict, peak: float | None,
     mfu = (lambda flops, seconds: flops / seconds / peak if peak else None)
     return {"shape": name, "params": analytic.param_count(model), "rows": shape.rollouts,
             "prompt_tokens": shape.prompt_tokens, "new_tokens": shape.new_tokens,
-            "sample_s": sample_s, "sample_flops": sample_flops, "sample_tokens_per_s": shape.rollouts * shape.new_tokens / sample_s,
+            "sample_s": sample_s, "sample_flops": sample_flops,
+            "sample_tokens_per_s": shape.rollouts * shape.new_tokens / sample_s,
             "sample_mfu": mfu(sample_flops, sample_s),
             "grpo_step_s": step_s, "grpo_step_flops": step_flops, "grpo_mfu": mfu(step_flops, step_s)}
 

@@ -15,8 +15,8 @@ FLOPs count matmuls only, 2 per multiply-add, exactly as the model code issues t
 
 Attention scores and values cost 4*H*Dh per query and key, and every query reads the whole
 static cache (S = cache length, masked, not causally skipped); 2*Dh^2 is the rotary-table
-matmul. Sampling = prefill over the B distinct prompts (S = Tp + T, no logits) + logits of
-the N rows + (T - 1) decode steps of N rows. A teacher-forced pass over r rows
+matmul. Sampling = prefill over the B distinct prompts (all N when U > 1; S = Tp + T, no
+logits) + logits of the N rows + (T - 1) decode steps of N rows. A teacher-forced pass over r rows
 (`sequence_logprobs`) = prefill of r/g prompts + (T - 1) cached tokens per row (S = Tp + T - 1)
 + T logits per row. One optimizer step on r = N/M rows costs 3x that pass (backward = 2x
 forward: every matmul has an input and a weight gradient) minus 2x the rotary term (no
@@ -87,6 +87,11 @@ class RunShape:
     def update_rows(self) -> int:
         """N * U rows the update trains on per step and candidate."""
         return self.rollouts * self.turns
+
+    @property
+    def prefill_group(self) -> int:
+        """Rows sharing a prompt in the sampled batch: G for one turn (later turns' prompts differ)."""
+        return self.group_size if self.turns == 1 else 1
 
     @property
     def update_group(self) -> int:
@@ -202,7 +207,7 @@ def sampling_flops(shape: RunShape) -> int:
     """One `sample` call of one candidate (N rows, T new tokens)."""
     config, n, tp, t = shape.model, shape.rollouts, shape.prompt_tokens, shape.new_tokens
     cache = tp + t
-    prefill = forward_flops(config, shape.prompts_per_step * tp, cache, 0) + logits_flops(config, n)
+    prefill = forward_flops(config, n // shape.prefill_group * tp, cache, 0) + logits_flops(config, n)
     decode = (t - 1) * forward_flops(config, n, cache, n)
     return prefill + decode
 
@@ -223,7 +228,7 @@ def update_step_flops(shape: RunShape) -> int:
     forward = teacher_forced_flops(config, rows, group, tp, t)
     tokens = rows // group * tp + rows * (t - 1)
     total = 3 * forward - 2 * rotary_flops(config, tokens)
-    if config.remat:  # the backward recomputes each layer but its last projection (down_proj), whose output it never reads
+    if config.remat:  # the backward recomputes each layer but its down projection, whose output it never reads
         keys = tp + t - 1
         total += layers_flops(config, rows // group * tp, keys) + layers_flops(config, rows * (t - 1), keys)
         total -= 2 * config.num_layers * config.hidden_size * config.intermediate_size * tokens
@@ -235,7 +240,7 @@ def step_flops(shape: RunShape) -> dict[str, int]:
     E*M optimizer steps, and their total."""
     k = shape.num_candidates
     sampling = k * shape.turns * sampling_flops(shape)
-    reference = k * teacher_forced_flops(shape.model, shape.update_rows, shape.update_group, shape.prompt_tokens,
+    reference = k * teacher_forced_flops(shape.model, shape.update_rows, shape.prefill_group, shape.prompt_tokens,
                                          shape.new_tokens) if shape.reference else 0
     update = k * shape.epochs * shape.minibatches * update_step_flops(shape)
     return {"sampling": sampling, "reference": reference, "update": update,

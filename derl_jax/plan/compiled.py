@@ -77,11 +77,11 @@ def candidate_functions(shape: RunShape, graphdef) -> dict[str, Callable]:
     forward_graphdef = tr.abstract_model(shape.model.replace(remat=False))[0] if shape.model.remat else graphdef
     def sample_one(params, prompts, prompt_mask, key):
         out = sample(forward_graphdef, params, prompts, prompt_mask, key, max_new_tokens=shape.new_tokens,
-                     eos_id=NEVER_EOS, pad_id=PAD_ID, group_size=shape.group_size)
+                     eos_id=NEVER_EOS, pad_id=PAD_ID, group_size=shape.prefill_group)
         return out.tokens, out.sampling_logprobs, out.mask
 
     def reference_one(params, batch):
-        return logprob_fn(forward_graphdef, shape.update_group)(params, batch)[0]
+        return logprob_fn(forward_graphdef, shape.prefill_group)(params, batch)[0]
 
     def update_one(params, opt_state, batch, key):
         return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, shape.update_group), optimizer, grpo)
@@ -195,7 +195,7 @@ def flop_pieces(shape: RunShape) -> dict[str, float]:
     forward = tr.abstract_model(shape.model.replace(remat=False))[0] if shape.model.remat else graphdef
 
     def prefill_piece(params, prompts, prompt_mask):
-        last, cache = prefill(forward, params, prompts, prompt_mask, cache_length, shape.group_size)
+        last, cache = prefill(forward, params, prompts, prompt_mask, cache_length, shape.prefill_group)
         return tr.apply_logits(forward, params, last), cache
 
     def decode_piece(params, previous, positions, mask, cache, write_at):
@@ -266,7 +266,8 @@ def plan_in_subprocess(shape: RunShape, with_flops: bool = True, timeout_s: floa
     """`compiled_plan` in a fresh CPU process with prod(mesh) fake host devices."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={shape.num_devices}")
-    args = [sys.executable, "-m", "derl_jax.plan.compiled", shape_to_json(shape)] + ([] if with_flops else ["--no-flops"])
+    args = [sys.executable, "-m", "derl_jax.plan.compiled", shape_to_json(shape)]
+    args += [] if with_flops else ["--no-flops"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode:
         raise RuntimeError(f"plan: compiling in a subprocess failed:\n{done.stderr[-4000:]}")

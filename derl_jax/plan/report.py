@@ -94,8 +94,8 @@ def suggestion_text(suggestion: dict | None) -> str:
 def format_table(plans: Sequence[dict], title: str = "") -> str:
     """A Markdown table of plans: GiB per device (usable = 90% of the device's memory), TFLOP
     per device per step, chunk = candidates trained at once."""
-    header = ("| accelerator | devices | mesh (cand, data, model) | chunk | minibatches | params | optimizer | grads | KV cache | "
-              "activations/temps | peak / usable | TFLOP/step | roofline step (s) | fits? |")
+    header = ("| accelerator | devices | mesh (cand, data, model) | chunk | minibatches | params | optimizer | "
+              "grads | KV cache | activations/temps | peak / usable | TFLOP/step | roofline step (s) | fits? |")
     lines = ([f"**{title}**", ""] if title else []) + [header, "|" + "---|" * 14]
     for p in plans:
         fit = "yes" if p["fits"] else f"no: {suggestion_text(p.get('suggestion'))}"
