@@ -18,6 +18,8 @@ from derl_jax.logging import (
     append_jsonl,
     progress_bar,
     read_jsonl,
+    read_jsonl_lenient,
+    rewrite_jsonl,
     summary_line,
     to_jsonable,
     truncate_history,
@@ -183,3 +185,17 @@ def test_summary_line():
     assert "\n" not in long and long.endswith("…") and len(long.split(" | ")[-1]) == 80
     with pytest.raises(ValueError, match="validity_rate must be in"):
         summary_line(1, 0.5, 1.5, "g1")
+
+
+def test_lenient_reader_keeps_every_readable_line_and_names_the_rest(tmp_path):
+    path = tmp_path / "log.jsonl"
+    records = [{"iteration": i, "score": 0.5 * i, "text": f"g{i}"} for i in range(4)]
+    rewrite_jsonl(path, records)
+    assert read_jsonl(path) == records
+    lines = path.read_bytes().split(b"\n")
+    damaged = [lines[0], b"\xff\xfe", lines[1], b"[1, 2]", lines[2], lines[3][:7]]
+    path.write_bytes(b"\n".join(damaged))
+    assert read_jsonl_lenient(path) == ([records[0], records[1], records[2]], [2, 4, 6])
+    with pytest.raises(ValueError, match="log.jsonl:2: not a JSON record"):
+        read_jsonl(path)  # the strict reader refuses a damaged line that is not the last
+    assert read_jsonl_lenient(tmp_path / "missing.jsonl") == ([], [])
