@@ -51,9 +51,8 @@ import jax
 import numpy as np
 
 from derl_jax.checkpoint import atomic_write_json
-from derl_jax.config import ConfigError, config_value, has_field, validate_shared
-from derl_jax.config import int_at_least as _int_at_least
-from derl_jax.config import int_tuple as _int_tuple
+from derl_jax.config import ConfigError, config_value, has_field
+from derl_jax.config import validate as validate_shared_and_domain
 from derl_jax.domains.base import TokenDataset, TokenDomain
 from derl_jax.evaluator import CandidateEvaluator
 from derl_jax.expr.canonical import canonical, to_latex
@@ -80,14 +79,11 @@ _SEARCH_STREAM, _FINAL_STREAM, _FIXED_VALIDATION_STREAM = 0, 1, 2
 
 
 def validate_config(cfg: Any) -> None:
-    """Raise ConfigError naming the first bad field, e.g.
+    """The whole config: the shared blocks and the domain's fields (`derl_jax.config.validate`),
+    then the outer loop's and each used strategy's (`derl_jax.meta.strategies.validate_config`).
+    Raises ConfigError naming the first bad field, e.g.
     `config.outer.num_candidates must be >= 2, got 1`."""
-    validate_shared(cfg)
-    _int_at_least(cfg, "domain.seed", 0)
-    _int_at_least(cfg, "domain.num_train", 5)
-    _int_at_least(cfg, "domain.num_test", 1)
-    _int_tuple(cfg, "domain.levels", minimum=1)
-    _int_at_least(cfg, "domain.max_new_tokens", 2)
+    validate_shared_and_domain(cfg)
     validate_strategies(cfg)
 
 
