@@ -73,7 +73,7 @@ def test_compiled_flops_are_within_five_percent_of_the_analytic_count(variant):
     model = FLOP_MODEL.replace(remat=variant.pop("remat", False))
     shape = RunShape(model, num_candidates=3, prompts_per_step=2, group_size=4, prompt_tokens=16, new_tokens=16,
                      **variant)
-    check = compiled.flop_check(shape)
+    check = compiled.flop_check(shape, compiler_options={"xla_backend_optimization_level": 0})  # faster compile
     assert set(check) == {"sampling", "reference", "update", "total"}
     for name, entry in check.items():
         if entry["analytic"]:

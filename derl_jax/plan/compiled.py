@@ -184,9 +184,11 @@ def compile_pieces(shape: RunShape, mesh: Mesh | None = None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- FLOPs
 
 
-def flop_pieces(shape: RunShape) -> dict[str, float]:
+def flop_pieces(shape: RunShape, compiler_options: dict | None = None) -> dict[str, float]:
     """XLA's FLOPs of one candidate's loop-free pieces: prefill (with the first logits), one
-    decode step, one reference pass, one optimizer step; and the step total over K candidates."""
+    decode step, one reference pass, one optimizer step; and the step total over K candidates.
+    `compiler_options` go to XLA (e.g. {"xla_backend_optimization_level": 0}: a faster CPU
+    compile; the count is taken on the optimised HLO, before code generation)."""
     graphdef, params, opt_state = abstract_policy(shape)
     config, n, tp, t = shape.model, shape.rollouts, shape.prompt_tokens, shape.new_tokens
     cache_length = tp + t
@@ -205,22 +207,25 @@ def flop_pieces(shape: RunShape) -> dict[str, float]:
     cache = jax.eval_shape(lambda: tr.init_head_major_cache(config, n, cache_length))
     i32 = jnp.int32
     flops = {
-        "prefill": cost_flops(jax.jit(prefill_piece).lower(params, batch["prompts"], batch["prompt_mask"]).compile()),
+        "prefill": cost_flops(jax.jit(prefill_piece).lower(params, batch["prompts"], batch["prompt_mask"]).compile(
+            compiler_options)),
         "decode_step": cost_flops(jax.jit(decode_piece).lower(
             params, jax.ShapeDtypeStruct((n,), i32), jax.ShapeDtypeStruct((n, 1), i32),
-            jax.ShapeDtypeStruct((n, 1, cache_length), jnp.bool_), cache, jax.ShapeDtypeStruct((), i32)).compile()),
+            jax.ShapeDtypeStruct((n, 1, cache_length), jnp.bool_), cache,
+            jax.ShapeDtypeStruct((), i32)).compile(compiler_options)),
     }
     fns = candidate_functions(shape, graphdef)
     if shape.reference:
         flops["reference"] = cost_flops(jax.jit(fns["reference"]).lower(
-            params, abstract_batch(shape, shape.update_rows)).compile())
+            params, abstract_batch(shape, shape.update_rows)).compile(compiler_options))
     one_step = dataclasses.replace(grpo_config(shape), epochs=1, minibatches=1)
     def update_step_piece(params, opt_state, batch, key):
         return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, shape.update_group),
                            make_optimizer(one_step), one_step)
 
     flops["update_step"] = cost_flops(jax.jit(update_step_piece).lower(
-        params, opt_state, abstract_batch(shape, shape.update_rows // shape.minibatches), abstract_key()).compile())
+        params, opt_state, abstract_batch(shape, shape.update_rows // shape.minibatches),
+        abstract_key()).compile(compiler_options))
     if any(value is None for value in flops.values()):
         return {}
     k = shape.num_candidates
@@ -231,9 +236,9 @@ def flop_pieces(shape: RunShape) -> dict[str, float]:
     return flops
 
 
-def flop_check(shape: RunShape) -> dict[str, dict[str, float]]:
+def flop_check(shape: RunShape, compiler_options: dict | None = None) -> dict[str, dict[str, float]]:
     """{sampling|reference|update|total: {"compiled", "analytic", "ratio"}}."""
-    compiled = flop_pieces(shape).get("step", {})
+    compiled = flop_pieces(shape, compiler_options).get("step", {})
     analytic_flops = analytic.step_flops(shape)
     return {name: {"compiled": compiled[name], "analytic": float(analytic_flops[name]),
                    "ratio": compiled[name] / analytic_flops[name] if analytic_flops[name] else 1.0}
