@@ -20,6 +20,10 @@ Multi-host: call `maybe_initialize_distributed()` first thing in the entry point
 * Slurm (``SLURM_JOB_ID`` and ``SLURM_NTASKS`` > 1), Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1),
   multi-host Cloud TPU (``TPU_WORKER_HOSTNAMES``/``TPU_PROCESS_ADDRESSES`` naming more than
   one host, or ``MEGASCALE_COORDINATOR_ADDRESS``) — environments JAX detects by itself.
+
+Across processes only process 0 writes files (`is_primary_process`); values that live on a
+mesh spanning processes go on it with `put_global` and come back with `gather_to_host`
+(every process calls both together); `sync_processes` is a barrier.
 """
 
 from __future__ import annotations
@@ -140,6 +144,63 @@ def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
                 raise ValueError(f"maybe_initialize_distributed: {key} must be an int, got {env[key]!r}") from None
     jax.distributed.initialize(**kwargs)
     return True
+
+
+def is_primary_process() -> bool:
+    """Whether this process writes the run directory: process 0 (always, in a one-process run)."""
+    return jax.process_index() == 0
+
+
+def sync_processes(name: str) -> None:
+    """Wait until every process of a multi-process job reaches the barrier `name` (no-op with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def put_global(tree: Any, sharding: Any) -> Any:
+    """`jax.device_put(tree, sharding)` that also places process-local values on a mesh spanning processes.
+
+    `sharding` is one `Sharding` for every leaf or a tree of them (a prefix of `tree`). With
+    several processes each leaf that is not yet a global array (NumPy, Python scalars, arrays
+    on this process's devices, typed PRNG keys) is built from this process's copy of the
+    value, so every process must pass the same values (they are not compared).
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def put_leaf(leaf, target):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            return jax.device_put(leaf, target)
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            data = put_leaf(jax.random.key_data(leaf), target)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
+
+    if isinstance(sharding, jax.sharding.Sharding):
+        return jax.tree_util.tree_map(lambda leaf: put_leaf(leaf, sharding), tree)
+    return jax.tree_util.tree_map(
+        lambda target, subtree: jax.tree_util.tree_map(lambda leaf: put_leaf(leaf, target), subtree),
+        sharding, tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+
+def gather_to_host(tree: Any) -> Any:
+    """Every array leaf of `tree` as a NumPy array holding its whole value, on every process.
+
+    Arrays spread over several processes are all-gathered, so in a multi-process job every
+    process must call this together (with the same tree structure).
+    """
+
+    def fetch(leaf):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        return np.asarray(leaf) if isinstance(leaf, (jax.Array, np.ndarray)) else leaf
+
+    return jax.tree_util.tree_map(fetch, tree)
 
 
 def _int(text: str | None) -> int:
