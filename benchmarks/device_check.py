@@ -195,18 +195,24 @@ def check_candidates(model: tr.ModelConfig, sizes: dict, counts: tuple[int, ...]
     return rows
 
 
-def run(tiny: bool, peak_override: float | None = None) -> dict:
+def run(tiny: bool, peak_override: float | None = None, save=lambda result: None) -> dict:
+    """All sections; `save(result)` after each one (a run cut short by its time limit still
+    leaves what it measured, with "complete": false)."""
     start = time.perf_counter()
     config = settings(tiny)
     kind, peak = device_peak(peak_override)
     result = {"tiny": tiny, "device": {"platform": jax.default_backend(), "kind": kind, "peak_flops": peak},
-              "machine": machine()}
+              "machine": machine(), "complete": False}
     result["memory"] = check_memory(config["memory_model"], config["memory"])
-    result["mfu"] = [check_mfu(name, model, config["mfu"], peak, config["repeats"])
-                     for name, model in config["mfu_models"].items()]
+    save(result)
+    result["mfu"] = []
+    for name, model in config["mfu_models"].items():
+        result["mfu"].append(check_mfu(name, model, config["mfu"], peak, config["repeats"]))
+        save(result)
     result["candidates"] = check_candidates(config["candidate_model"], config["candidate_shape"],
                                             config["candidates"], config["repeats"])
-    result["wall_s"] = time.perf_counter() - start
+    result.update(wall_s=time.perf_counter() - start, complete=True)
+    save(result)
     return result
 
 
@@ -216,9 +222,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU, tests)")
     parser.add_argument("--peak-flops", type=float, default=None, help="override the device's peak FLOP/s")
     args = parser.parse_args(argv)
-    result = run(args.tiny, args.peak_flops)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=1)
+    def save(result):
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+
+    result = run(args.tiny, args.peak_flops, save)
     print(table(result["mfu"], ["shape", "sample_s", "sample_mfu", "grpo_step_s", "grpo_mfu"]))
     print(table(result["candidates"]))
     memory = result["memory"]

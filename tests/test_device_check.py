@@ -29,8 +29,8 @@ def result(tmp_path_factory):
 
 
 def test_sections_and_device(result):
-    assert {"tiny", "device", "machine", "memory", "mfu", "candidates", "wall_s"} <= set(result)
-    assert result["tiny"] is True
+    assert {"tiny", "device", "machine", "memory", "mfu", "candidates", "wall_s", "complete"} <= set(result)
+    assert result["tiny"] is True and result["complete"] is True
     assert result["device"] == {"platform": "cpu", "kind": result["device"]["kind"], "peak_flops": PEAK}
 
 
