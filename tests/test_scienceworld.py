@@ -57,9 +57,13 @@ def test_vocabulary_round_trip_and_padding():
 
 
 def test_missing_java_or_package_says_what_to_install(monkeypatch):
+    from derl_jax.domains.scienceworld.env import ScienceWorldEnv
+
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(engine.EngineMissing, match="needs Java.*openjdk"):
         engine.Worker()
+    with pytest.raises(engine.EngineMissing, match="needs Java"):
+        ScienceWorldEnv(["boil"], num_workers=2)  # before any JVM or thread starts
     monkeypatch.undo()
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "scienceworld" else real(name, *a))
