@@ -53,7 +53,7 @@ from primitives import registry as primitive_registry
 # The outer loop (protocol, search, strategies) and JAX are imported where they are first used,
 # so that a mistyped flag is reported without waiting for them.
 
-MODES = ("search", "final", "compare")
+MODES = ("search", "final", "compare", "plan")
 EXIT_USER_ERROR = 2
 SCRIPT = "launch/run.py"
 HELP_FLAGS = ("-?", "-h", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml")
@@ -64,6 +64,10 @@ _MODE = flags.DEFINE_enum("mode", "search", list(MODES), "What to run.")
 _EXPRESSION = flags.DEFINE_string("expression", None, "final mode: the reward expression (default: the search result in --workdir).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars (only on a terminal).")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of a user error too.")
+_ACCELERATOR = flags.DEFINE_list("accelerator", ["h100", "h200"], "--mode=plan: accelerators to plan for (h100, h200, "
+                                 "a100, v5e, v5p, or name:peak_flops:bandwidth:memory).")
+_PLAN_COMPILE = flags.DEFINE_bool("plan_compile", False, "--mode=plan: also compile the step's pieces on fake CPU "
+                                  "devices for the compiler's memory figures (minutes for billion-parameter policies).")
 
 # Replaceable by embedding code (and tests): the Meta-Optimizer factory handed to strategies;
 # None means `derl_jax.meta.optimizer.MetaOptimizer`.
@@ -203,9 +207,29 @@ def build_inner(domain: Any, cfg: Any, workdir: str):
     return build(domain, cfg, workdir)
 
 
-def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, progress: bool = True) -> Any:
+def plan_run(cfg: Any, accelerators: Sequence[str], compile: bool) -> dict:
+    """--mode=plan: per-device memory, FLOPs and roofline step time of the configured run, and
+    whether it fits (derl_jax/plan); no model is built, no run directory written."""
+    validate(cfg)
+    from derl_jax.plan.report import plan_from_config
+
+    needs_domain = not (str(getattr(cfg.policy, "checkpoint", "") or "").strip()
+                        and config_checks.has_field(cfg, "domain.max_prompt_tokens"))
+    try:
+        result = plan_from_config(cfg, accelerators, compile, domain=build_domain(cfg) if needs_domain else None)
+    except ValueError as err:
+        raise InputError(str(err)) from err
+    print(result["table"])
+    return result
+
+
+def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, progress: bool = True,
+        accelerators: Sequence[str] = ("h100", "h200"), plan_compile: bool = False) -> Any:
     """Check the inputs, lock `workdir`, build the domain and the inner loop, run `mode`; returns its result."""
     import jax  # noqa: F401  (before the checks: which process this is decides who writes and locks)
+
+    if mode == "plan":
+        return plan_run(cfg, accelerators, plan_compile)
 
     checked = plan(cfg, workdir, mode, expression)
     lock = run_dir.exclusive(workdir) if _primary_process() else contextlib.nullcontext()  # one lock per run
@@ -317,7 +341,8 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     try:
         workdir = _WORKDIR.value or default_workdir(cfg)
-        run(cfg, workdir, _MODE.value, _EXPRESSION.value, progress=_PROGRESS.value and sys.stderr.isatty())
+        run(cfg, workdir, _MODE.value, _EXPRESSION.value, progress=_PROGRESS.value and sys.stderr.isatty(),
+            accelerators=_ACCELERATOR.value, plan_compile=_PLAN_COMPILE.value)
     except InputError as err:
         user_error(str(err), debug=_DEBUG.value)
 

@@ -6,7 +6,7 @@
 
 From a run config (what `launch/run.py --mode=plan` calls):
 
-    plan_from_config(cfg, accelerators=("h100",), compile=True) -> {"plans": [...], "table": str}
+    plan_from_config(cfg, accelerators=("h100",), compile=False, domain=None) -> {"plans": [...], "table": str}
 
 Memory figures are per device in bytes: params (starting policy + the device's trained
 copies), optimizer state, gradients and KV cache from `analytic`; activations/temporaries
@@ -42,6 +42,9 @@ PRESETS = {
 
 
 def gib(value: float) -> str:
+    """GiB with one decimal; below 0.1 GiB, MiB."""
+    if value < 0.1 * (1 << 30):
+        return f"{value / (1 << 20):.2f} MiB"
     return f"{value / (1 << 30):.1f}"
 
 
@@ -122,9 +125,9 @@ def _field(cfg: Any, dotted: str, default: Any = None) -> Any:
     return node
 
 
-def model_config_from_run(cfg: Any) -> tr.ModelConfig:
+def model_config_from_run(cfg: Any, vocab_size: int | None = None) -> tr.ModelConfig:
     """The policy's ModelConfig: its checkpoint's config.json when the directory exists, else
-    the `policy.*` sizes (with `policy.vocab_size`)."""
+    the `policy.*` sizes (with `policy.vocab_size`, or `vocab_size`: the domain tokenizer's)."""
     from derl_jax.models import hf
 
     compute = _field(cfg, "policy.compute_dtype") or "bfloat16"
@@ -136,6 +139,7 @@ def model_config_from_run(cfg: Any) -> tr.ModelConfig:
                                  compute_dtype=compute, remat=remat)
     sizes = {name: _field(cfg, f"policy.{name}") for name in
              ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")}
+    sizes["vocab_size"] = sizes["vocab_size"] or vocab_size
     missing = [name for name, value in sizes.items() if value is None]
     if missing:
         raise ValueError(f"plan: policy.{missing[0]} is not set and policy.checkpoint {checkpoint!r} is not a "
@@ -144,29 +148,35 @@ def model_config_from_run(cfg: Any) -> tr.ModelConfig:
                           remat=remat)
 
 
-def shape_from_config(cfg: Any, model: tr.ModelConfig | None = None, *, prompt_tokens: int | None = None) -> RunShape:
+def shape_from_config(cfg: Any, model: tr.ModelConfig | None = None, *, domain: Any = None) -> RunShape:
     """The RunShape of a run config (policy.*, inner.*, domain.max_new_tokens /
-    max_prompt_tokens, outer.num_candidates, mesh.*; a -1 mesh size counts as 1)."""
-    prompt = prompt_tokens or _field(cfg, "domain.max_prompt_tokens")
+    max_prompt_tokens, outer.num_candidates, mesh.*; a -1 mesh size counts as 1). A built
+    `domain` supplies what the config leaves to it: the tokenizer's vocabulary, the prompt
+    length, and for multi-turn domains the episode length."""
+    prompt = _field(cfg, "domain.max_prompt_tokens") or (domain.prompt_length if domain is not None else None)
     if prompt is None:
-        raise ValueError("plan: domain.max_prompt_tokens is not set; pass prompt_tokens")
+        raise ValueError("plan: domain.max_prompt_tokens is not set (and no domain was built to read it from)")
+    vocab = domain.tokenizer.vocab_size if domain is not None else None
+    new_tokens = domain.max_new_tokens if domain is not None else _field(cfg, "domain.max_new_tokens", 16)
+    turns = int(getattr(domain.env, "max_turns", 1)) if domain is not None and domain.rollout == "env" else 1
     mesh = tuple(max(int(_field(cfg, f"mesh.{axis}", 1)), 1) for axis in ("cand", "data", "model"))
     return RunShape(
-        model or model_config_from_run(cfg), num_candidates=int(_field(cfg, "outer.num_candidates", 1)),
+        model or model_config_from_run(cfg, vocab), num_candidates=int(_field(cfg, "outer.num_candidates", 1)),
         prompts_per_step=int(_field(cfg, "inner.prompts_per_step", 1)),
-        group_size=int(_field(cfg, "inner.group_size", 1)), prompt_tokens=int(prompt),
-        new_tokens=int(_field(cfg, "domain.max_new_tokens", 16)),
+        group_size=int(_field(cfg, "inner.group_size", 1)), prompt_tokens=int(prompt), new_tokens=int(new_tokens),
         minibatches=int(_field(cfg, "inner.minibatches", 1)), epochs=int(_field(cfg, "inner.epochs", 1)),
         reference=float(_field(cfg, "inner.kl", 0.0) or 0.0) > 0, chunk_size=int(_field(cfg, "inner.chunk_size", 0)),
-        mesh=mesh, turns=int(_field(cfg, "domain.max_turns", 1) or 1))
+        mesh=mesh, turns=turns)
 
 
-def plan_from_config(cfg: Any, accelerators: Sequence[str] = ("h100", "h200"), compile: bool = False) -> dict:
+def plan_from_config(cfg: Any, accelerators: Sequence[str] = ("h100", "h200"), compile: bool = False,
+                     domain: Any = None) -> dict:
     """{"shape": RunShape as a dict, "plans": [plan per accelerator], "table": Markdown}.
-    With `compile`, the pieces are compiled in a subprocess on prod(mesh) fake CPU devices."""
+    With `compile`, the pieces are compiled in a subprocess on prod(mesh) fake CPU devices.
+    What `launch/run.py --mode=plan` prints."""
     from derl_jax.plan import compiled as compiled_lib
 
-    shape = shape_from_config(cfg)
+    shape = shape_from_config(cfg, domain=domain)
     compiled = compiled_lib.plan_in_subprocess(shape) if compile else None
     plans = [plan(shape, name, compiled) for name in accelerators]
     return {"shape": json.loads(compiled_lib.shape_to_json(shape)), "plans": plans,
