@@ -217,7 +217,7 @@ def plan_run(cfg: Any, accelerators: Sequence[str], compile: bool) -> dict:
                         and config_checks.has_field(cfg, "domain.max_prompt_tokens"))
     try:
         result = plan_from_config(cfg, accelerators, compile, domain=build_domain(cfg) if needs_domain else None)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # an unknown accelerator, a checkpoint without config.json
         raise InputError(str(err)) from err
     print(result["table"])
     return result
