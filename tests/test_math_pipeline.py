@@ -21,7 +21,7 @@ import transformers
 import fixtures_math as fx
 from derl_jax.domains import math as math_domain
 from derl_jax.domains.math_data import MathDataError
-from derl_jax.expr import compile_expr, parse
+from derl_jax.expr import compile_expr, parse, stack_programs
 from derl_jax.expr.vm import evaluate_numpy
 from derl_jax.meta import protocol
 from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir, math_prompt
@@ -372,3 +372,12 @@ def test_sharded_step_equals_unsharded(run):
     for name in metrics_1:
         np.testing.assert_allclose(metrics_8[name], metrics_1[name], rtol=1e-4, atol=1e-6)
     assert metrics_1["reward_mean"] == pytest.approx(float(evaluate_numpy(program, prims, 0.5).mean()), abs=1e-6)
+
+
+def test_evaluate_candidates_trains_for_the_steps_asked(run):
+    cfg, (domain, base_params, evaluator) = run
+    programs = stack_programs([compile_expr(parse("g1 + g2", domain.primitive_names), num_primitives=4)])
+    train, validation = domain.train.split(0.75, 0)
+    results = evaluator.evaluate_candidates(programs, base_params, jax.random.key(2), train, validation, steps=1)
+    assert {name: curve.shape for name, curve in results.curves.items()} == {name: (1, 1) for name in results.curves}
+    assert evaluator.last_report.runs[0].steps_planned == 1 != cfg.inner.steps

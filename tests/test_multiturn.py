@@ -242,3 +242,16 @@ def test_a_host_environment_plays_the_same_episodes_inside_the_scan():
     np.testing.assert_allclose(results[0][1]["reward_mean"], results[1][1]["reward_mean"], atol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(results[0][0]), jax.tree_util.tree_leaves(results[1][0]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_candidates_trains_for_the_steps_asked():
+    domain = counter_domain()
+    graphdef, params = tiny_policy(domain)
+    evaluator = DeviceEvaluator(domain, graphdef, CFG, dispatch="loop", compiler_options=FAST_COMPILE)
+    programs = stack_programs([compile_expr(parse("g1 + u*g2", list(domain.primitive_names)))])
+    key = jax.random.key(4)
+    results = evaluator.evaluate_candidates(programs, params, key, domain.train, domain.test, steps=3)
+    assert results.curves["reward_mean"].shape == (1, 3)
+    _, metrics = jax.jit(make_inner_loop(domain, graphdef, CFG.replace(steps=3)).train)(
+        params, jax.tree_util.tree_map(lambda x: x[0], programs), key, domain.train)
+    np.testing.assert_allclose(results.curves["reward_mean"][0], metrics["reward_mean"], rtol=1e-5, atol=1e-6)

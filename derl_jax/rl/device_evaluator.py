@@ -22,7 +22,7 @@ from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.evaluator import CandidateResults
 from derl_jax.expr.program import Program
 from derl_jax.models.transformer import param_partition_specs
-from derl_jax.parallel import CAND_AXIS
+from derl_jax.parallel import CAND_AXIS, gather_to_host, put_global
 from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.loop import InnerLoop, make_inner_loop
 from derl_jax.rl.placement import leading_size, padded_count, params_candidate_axis, take_rows
@@ -66,6 +66,7 @@ class DeviceEvaluator:
         final_steps = cfg.final_steps
         self.final_loop = (self.search_loop if final_steps == cfg.steps
                            else make_inner_loop(domain, graphdef, cfg.replace(steps=final_steps), mesh))
+        self._loops: dict[int, InnerLoop] = {}
         self._jitted: dict = {}
 
     # ------------------------------------------------------------------ placement
@@ -86,18 +87,18 @@ class DeviceEvaluator:
     def _place(self, tree: Any, specs: Any) -> Any:
         if self.mesh is None:
             return tree
-        return jax.device_put(tree, jax.tree_util.tree_map(
+        return put_global(tree, jax.tree_util.tree_map(
             self._sharding, specs, is_leaf=lambda x: isinstance(x, PartitionSpec)))
 
     def _place_candidates(self, tree: Any) -> Any:
         if self.mesh is None:
             return tree
-        return jax.device_put(tree, self._sharding(PartitionSpec(CAND_AXIS)))
+        return put_global(tree, self._sharding(PartitionSpec(CAND_AXIS)))
 
     def _place_replicated(self, tree: Any) -> Any:
         if self.mesh is None:
             return tree
-        return jax.device_put(tree, self._sharding(PartitionSpec()))
+        return put_global(tree, self._sharding(PartitionSpec()))
 
     # ------------------------------------------------------------------ compiled functions
 
@@ -143,7 +144,7 @@ class DeviceEvaluator:
     def _accuracy_many(self, loop: InnerLoop, params: Any, dataset: TokenDataset) -> np.ndarray:
         accuracy_many = self._jit("accuracy_many", loop, loop.accuracy_many, params,
                                   lambda p: PartitionSpec(CAND_AXIS))
-        return np.asarray(accuracy_many(params, self._place_replicated(dataset)), np.float32)
+        return np.asarray(gather_to_host(accuracy_many(params, self._place_replicated(dataset))), np.float32)
 
     def candidate_keys(self, key, count: int) -> jax.Array:
         """The training key of each of `count` candidates: a key array [count] (typed key) or
@@ -154,20 +155,33 @@ class DeviceEvaluator:
 
     # ------------------------------------------------------------------ the contract
 
+    def loop_for(self, steps: int | None) -> InnerLoop:
+        """The compiled-once loop of a run of `steps` steps (None: cfg.steps; u spans those steps)."""
+        steps = self.cfg.steps if steps is None else int(steps)
+        if steps == self.search_loop.cfg.steps:
+            return self.search_loop
+        if steps == self.final_loop.cfg.steps:
+            return self.final_loop
+        if steps not in self._loops:
+            self._loops[steps] = make_inner_loop(self.domain, self.graphdef, self.cfg.replace(steps=steps), self.mesh)
+        return self._loops[steps]
+
     def evaluate_candidates(self, programs: Program, init_params: Any, key, train_set: TokenDataset,
-                            val_set: TokenDataset) -> CandidateResults:
-        """Train one policy per program from `init_params` on `train_set`; greedy pass@1 on `val_set`."""
+                            val_set: TokenDataset, *, steps: int | None = None) -> CandidateResults:
+        """Train one policy per program from `init_params` on `train_set` for `steps` steps
+        (default cfg.steps); greedy pass@1 on `val_set`."""
+        loop = self.loop_for(steps)
         if self.dispatch == "loop":
-            return self._evaluate_one_by_one(programs, init_params, key, train_set, val_set)
-        params, metrics, count = self.train_candidates(self.search_loop, programs, init_params, key, train_set)
-        scores = self._accuracy_many(self.search_loop, params, val_set)[:count]
-        curves = {name: np.asarray(values)[:count] for name, values in metrics.items()}
+            return self._evaluate_one_by_one(loop, programs, init_params, key, train_set, val_set)
+        params, metrics, count = self.train_candidates(loop, programs, init_params, key, train_set)
+        scores = self._accuracy_many(loop, params, val_set)[:count]
+        curves = {name: values[:count] for name, values in gather_to_host(dict(metrics)).items()}
         if leading_size(params, "evaluate_candidates") != count:  # drop the padding copies
             params = take_rows(params, np.arange(count))
         return CandidateResults(scores=scores, curves=curves, params=params)
 
-    def _evaluate_one_by_one(self, programs: Program, init_params: Any, key, train_set: TokenDataset,
-                             val_set: TokenDataset) -> CandidateResults:
+    def _evaluate_one_by_one(self, loop: InnerLoop, programs: Program, init_params: Any, key,
+                             train_set: TokenDataset, val_set: TokenDataset) -> CandidateResults:
         """`evaluate_candidates` with one `train` and one `accuracy` call per candidate."""
         ops = np.asarray(programs.ops)
         if ops.ndim != 2 or ops.shape[0] < 1:
@@ -175,12 +189,12 @@ class DeviceEvaluator:
                 f"evaluate_candidates: programs must be a stacked Program[K] with K >= 1, got ops shape {ops.shape}")
         keys = self.candidate_keys(key, ops.shape[0])
         # every call is dispatched before any result is read, so the calls overlap
-        trained = [self._train_one(self.search_loop, take_rows(programs, k), init_params, keys[k], train_set)
+        trained = [self._train_one(loop, take_rows(programs, k), init_params, keys[k], train_set)
                    for k in range(ops.shape[0])]
         scores = [self._accuracy_one(params, val_set) for params, _ in trained]
         stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *[params for params, _ in trained])
         curves = {name: np.stack([np.asarray(metrics[name]) for _, metrics in trained])
-                  for name in self.search_loop.metric_names}
+                  for name in loop.metric_names}
         return CandidateResults(scores=np.asarray(scores, np.float32), curves=curves, params=stacked)
 
     def _train_one(self, loop: InnerLoop, program: Program, init_params: Any, key, train_set: TokenDataset):

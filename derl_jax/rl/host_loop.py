@@ -348,20 +348,21 @@ class HostEvaluator:
     # ------------------------------------------------------------------ contract
 
     def evaluate_candidates(self, programs: Program, init_params: Any, key: jax.Array, train_set: TokenDataset,
-                            val_set: TokenDataset) -> CandidateResults:
+                            val_set: TokenDataset, *, steps: int | None = None) -> CandidateResults:
         """Train one policy per program of Program[K] from `init_params` on `train_set` for
-        `steps`; score each by greedy pass@1 on `val_set` -> CandidateResults (scores f32[K],
-        curves name -> f32[K, steps], params stacked on the host or None)."""
+        `steps` (default config.steps); score each by greedy pass@1 on `val_set` ->
+        CandidateResults (scores f32[K], curves name -> f32[K, steps], params stacked on the host or None)."""
+        steps = self.config.steps if steps is None else int(steps)
         started = time.perf_counter()
         program_list = unstack_programs(programs)
         train, validation = HostSplit(train_set, self.domain), HostSplit(val_set, self.domain)
-        budget = self._budget("search", self.config.steps, init_params, key, train_set, train)
+        budget = self._budget("search", steps, init_params, key, train_set, train)
         in_flight = self.config.chunk_size or len(program_list)
         scores, curves, kept, runs_done, eval_host = [], [], [], [], 0.0
         for start in range(0, len(program_list), in_flight):
             indices = range(start, min(start + in_flight, len(program_list)))
             runs = self._train_wave(indices, [program_list[k] for k in indices], init_params, key, train,
-                                    self.config.steps, budget)
+                                    steps, budget)
             accuracies, spent = self._greedy_accuracies([(r.fns, r.params) for r in runs], validation)
             eval_host += spent
             for run, accuracy in zip(runs, accuracies):
@@ -373,7 +374,7 @@ class HostEvaluator:
                 run.params = run.opt_state = run.ref_params = None
         self._finish_report("search", runs_done, budget, eval_host, started)
         names = metric_names(self.domain.primitive_names, self.config.uses_reference, host=True)
-        stacked = {name: np.stack([c.get(name, np.full(self.config.steps, np.nan, np.float32)) for c in curves])
+        stacked = {name: np.stack([c.get(name, np.full(steps, np.nan, np.float32)) for c in curves])
                    for name in names}
         params = jax.tree.map(lambda *leaves: np.stack(leaves), *kept) if kept else None
         return CandidateResults(scores=np.asarray(scores, np.float32), curves=stacked, params=params)

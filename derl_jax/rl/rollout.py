@@ -14,7 +14,8 @@
 A device rollout function is `rollout(params, batch: TokenDataset [N rows], key, greedy) ->
 (episode, update_batch)`: `episode` is what primitives read (single turn: tokens i32[N, T],
 mask bool[N, T]; multi-turn: step_scores f32[N, S], step_mask bool[N, S], success f32[N],
-plus tokens/mask of every action [N, S, A]); `update_batch` holds the rows GRPO trains on
+plus tokens/mask of every action [N, S, A], and self_rewards f32[N, S] when the environment
+reports info["self_reward"]); `update_batch` holds the rows GRPO trains on
 (prompts i32[R, Tp], prompt_mask, completions i32[R, T], mask bool[R, T] True on policy
 tokens only, old_logp f32[R, T]) with R = N * rows_per_episode, episode-major.
 
@@ -144,6 +145,8 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
             record = {"prompts": prompts, "prompt_mask": prompt_mask, "completions": out.tokens,
                       "mask": out.mask & alive[:, None], "old_logp": out.sampling_logprobs,
                       "step_score": info["step_score"].astype(jnp.float32), "alive": alive}
+            if "self_reward" in info:   # an environment with self-assessment (Self-Guide)
+                record["self_reward"] = info["self_reward"].astype(jnp.float32)
             return (state, observations, actions, alive & ~done, success), record
 
         carry = (state, observations, actions, jnp.ones((count,), bool), jnp.zeros((count,), jnp.float32))
@@ -151,6 +154,8 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
         per_episode = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), records)  # [N, S, ...]
         episode = {"step_scores": per_episode["step_score"], "step_mask": per_episode["alive"], "success": success,
                    "tokens": per_episode["completions"], "mask": per_episode["mask"]}
+        if "self_reward" in per_episode:
+            episode["self_rewards"] = per_episode["self_reward"]
         rows = {name: per_episode[name].reshape(count * turns, *per_episode[name].shape[2:])
                 for name in ("prompts", "prompt_mask", "completions", "mask", "old_logp")}
         return episode, rows

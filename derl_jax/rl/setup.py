@@ -28,6 +28,7 @@ from derl_jax.rl import sft
 from derl_jax.rl.config import inner_config
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.host_loop import HostEvaluator
+from derl_jax.parallel import is_primary_process
 from derl_jax.rl.placement import run_mesh
 
 BASE_POLICY_DIR = "base_policy"
@@ -107,7 +108,7 @@ def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> 
     evaluator = make_evaluator(domain, graphdef, cfg, mesh)
     if domain.rollout == "host":
         params = evaluator.place(params)
-    if workdir is not None:
+    if workdir is not None and is_primary_process():  # process 0 alone writes the run directory
         os.makedirs(os.fspath(workdir), exist_ok=True)
         info = {key: value for key, value in dict(domain.info).items() if _is_json(value)}
         with open(os.path.join(os.fspath(workdir), DOMAIN_INFO_FILE), "w", encoding="utf-8") as handle:
