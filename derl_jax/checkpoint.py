@@ -58,8 +58,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     """Replace the file at `path` with what `write(handle)` writes, so readers see the old or the new file.
 
     Writes a temporary file in the same directory, fsyncs it, renames it over `path` and
-    fsyncs the directory so the rename itself survives a crash.
+    fsyncs the directory so the rename itself survives a crash. In a multi-process job only
+    process 0 writes (the run directory is its alone); the call does nothing elsewhere.
     """
+    if jax.process_index() != 0:
+        return
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -245,6 +248,11 @@ class CheckpointStore:
             raise ValueError(
                 f"CheckpointStore.save: step {step} is not after the latest step {latest} in {self.directory}"
             )
+        if jax.process_count() > 1:
+            # orbax writes a NumPy leaf once (process 0) but a process-local jax.Array from every
+            # process into the same place; arrays spread over the processes stay as they are
+            arrays = jax.tree_util.tree_map(
+                lambda x: np.asarray(x) if isinstance(x, jax.Array) and x.is_fully_addressable else x, arrays)
         record = integrity_record(arrays, meta)
         saved = self._manager.save(
             step,

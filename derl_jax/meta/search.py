@@ -82,6 +82,7 @@ from derl_jax.meta.resume import (
     write_journal,
 )
 from derl_jax.meta.strategies.base import CandidateRecord, Strategy, check_proposals
+from derl_jax.parallel import gather_to_host
 
 SEARCH_RESULT_FILE = "search_result.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -217,7 +218,8 @@ def search(
             f"{strategy.name!r} needs (inner_steps={inner_steps})"
         )
     workdir = os.fspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:
+        os.makedirs(workdir, exist_ok=True)
     setup = _Setup(
         strategy, evaluator, train_set, val_set, tuple(primitive_names), as_typed_key(key), n, iterations,
         init_params, outcome_index, shares_duplicates(cfg), None if inner_steps is None else int(inner_steps),
@@ -298,6 +300,8 @@ def _loop(setup: _Setup, run: SearchRun, store: CheckpointStore, logger: RunLogg
             )
             metrics.update({f"strategy/{k}": v for k, v in strategy.metrics(run.state).items()})
             written = logger.log_metrics(iteration, {k: math.nan if v is None else v for k, v in metrics.items()}, METRICS_SCOPE)
+            if setup.keep_candidate_policies:  # every process takes part in gathering policies spread over them
+                outcome = dataclasses.replace(outcome, params=gather_to_host(outcome.params))
             if jax.process_index() == 0:
                 write_journal(setup.workdir, iteration, history, written)
                 if setup.keep_candidate_policies:
