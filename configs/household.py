@@ -14,6 +14,17 @@ Presets (`--config=configs/household.py:<preset>`):
 
       python launch/run.py --config=configs/household.py:smoke --mode=compare --workdir=runs/household_smoke
 
+  Self-Guide and its ablations (one method each, 3 seeds; run once per level like `default`):
+  self_guide         GRPO + Self-Guide: the policy writes a self-assessment before every action
+                     and trains on R_env + lambda(u) * g_sg under the trapezoid trust schedule
+  sg_no_warmup       lambda = 1 from the start (warmup = ramp_end = 0), annealed as self_guide
+  sg_no_anneal       no annealing (anneal_start = 1)
+  sg_inference_only  assessments written, lambda = 0 throughout (trains on R_env alone)
+  grpo_no_sg         GRPO on R_env without self-assessment (the baseline)
+  sg_smoke           self_guide at smoke sizes
+
+      python launch/run.py --config=configs/household.py:self_guide --mode=compare --workdir=runs/household_sg_L0
+
 Every field can be overridden from the command line, e.g. `--config.domain.max_turns=20`.
 
 Fields of this experiment (the shared blocks are documented in configs/common.py):
@@ -21,6 +32,11 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              num_train / num_test tasks, held_out_kinds (the two kinds L2 tests on; indices of
              pick, examine, clean, heat, cool, pick_two), max_turns per episode, history (W,
              the turns of actions and observations in each prompt)
+             self_guide (the policy writes progress+ / progress= / progress- before each
+             action; adds primitive g_sg, the episode's summed self-reward), self_rewards
+             (the internal rewards of the three words, default (0.1, 0.0, -0.1))
+  trust.*    Self-Guide's trust schedule lambda(u) (method `self_guide`): warmup, ramp_end,
+             anneal_start, fractions of inner training (derl_jax/selfguide.py)
   policy.*   the policy model and its warm start on the perturbed expert's turns:
              sft_perturb_rate (share of random actions), sft_extra_tasks (fresh training tasks
              played for the corpus besides the training split)
@@ -37,17 +53,21 @@ METHODS = ("outcome", "average", "derl", "derl_pop")
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The config of preset `arg`: "default" (None or empty) or "smoke"."""
-    return common.preset({"default": default, "smoke": smoke}, arg, "configs/household.py")
+    return common.preset({"default": default, "smoke": smoke, "self_guide": self_guide, "sg_no_warmup": sg_no_warmup,
+                          "sg_no_anneal": sg_no_anneal, "sg_inference_only": sg_inference_only,
+                          "grpo_no_sg": grpo_no_sg, "sg_smoke": sg_smoke}, arg, "configs/household.py")
 
 
 def default() -> ml_collections.ConfigDict:
     domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 240, "num_test": 120,
-              "held_out_kinds": (4, 5), "max_turns": 20, "history": 2}
+              "held_out_kinds": (4, 5), "max_turns": 20, "history": 2, "self_guide": False,
+              "self_rewards": (0.1, 0.0, -0.1)}
     policy = {**common.SCRATCH_MODEL, "sft_steps": 400, "sft_lr": 3e-3, "sft_batch_size": 64,
               "sft_perturb_rate": 0.3, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
     cfg.inner.update(prompts_per_step=4, group_size=4)
     cfg.compare.methods = METHODS
+    cfg.trust = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
     return cfg
 
 
@@ -59,3 +79,39 @@ def smoke() -> ml_collections.ConfigDict:
     cfg.inner.update(prompts_per_step=2, group_size=2, eval_batch_size=8)
     cfg.compare.methods = ("derl", "outcome")
     return cfg
+
+
+
+def _self_guide(name: str, base: ml_collections.ConfigDict, method: str = "self_guide", self_assessment: bool = True,
+                **trust) -> ml_collections.ConfigDict:
+    """`base` named `name`, self-assessment on or off, the one method `method` over the compare
+    seeds, and the trust schedule fields `trust` changed."""
+    base.name = name
+    base.domain.self_guide = self_assessment
+    base.trust.update(trust)
+    base.compare.methods = (method,)
+    return base
+
+
+def self_guide() -> ml_collections.ConfigDict:
+    return _self_guide("household_self_guide", default())
+
+
+def sg_no_warmup() -> ml_collections.ConfigDict:
+    return _self_guide("household_sg_no_warmup", default(), warmup=0.0, ramp_end=0.0)
+
+
+def sg_no_anneal() -> ml_collections.ConfigDict:
+    return _self_guide("household_sg_no_anneal", default(), anneal_start=1.0)
+
+
+def sg_inference_only() -> ml_collections.ConfigDict:
+    return _self_guide("household_sg_inference_only", default(), method="outcome")
+
+
+def grpo_no_sg() -> ml_collections.ConfigDict:
+    return _self_guide("household_grpo_no_sg", default(), method="outcome", self_assessment=False)
+
+
+def sg_smoke() -> ml_collections.ConfigDict:
+    return _self_guide("household_sg_smoke", smoke())

@@ -5,7 +5,8 @@
 turn taken: the prompt as `build_prompt` writes it (BOS, the task, the last W actions and the
 observations they led to; no padding) and the action's tokens (tag first, no padding, no EOS). Perturbed turns
 keep their random action and tag, so the corpus mixes correct and incorrect behaviour at about
-`perturb_rate`.
+`perturb_rate`. With a self-guide environment every action starts with the expert's
+self-assessment (selfguide.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from derl_jax.domains.household.actions import truncate_at_eos
 from derl_jax.domains.household.env import HouseholdEnv
 from derl_jax.domains.household.expert import perturbed_policy, rollout
 from derl_jax.domains.household.prompt import History, build_prompt, push_history, start_history, task_prompt
+from derl_jax.domains.household.selfguide import with_assessment
 from derl_jax.domains.household.tasks import Task, to_device
 
 DEFAULT_WINDOW = 2
@@ -50,7 +52,10 @@ def play(tasks: Task, key: jax.Array, perturb_rate: jax.Array, env: HouseholdEnv
     Returns (prompts i32[M, S, P], prompt_mask bool[M, S, P], actions i32[M, S, A] cut at eos,
     episodes) where episodes is `expert.rollout`'s dict.
     """
-    episodes = rollout(env, tasks, key, perturbed_policy(perturb_rate))
+    policy = perturbed_policy(perturb_rate)
+    if env.self_guide:   # each action starts with the expert's self-assessment
+        policy = with_assessment(policy)
+    episodes = rollout(env, tasks, key, policy)
     prompts, prompt_mask = jax.vmap(episode_prompts, in_axes=(0, 0, 0, None))(
         tasks.description, episodes["obs"], episodes["actions"], window)
     return prompts, prompt_mask, truncate_at_eos(episodes["actions"]), episodes

@@ -3,7 +3,10 @@
 Config block `domain` (configs/household.py):
   kind="household"; level: "L0" | "L1" | "L2"; seed: task generation and seen/unseen split;
   num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
-  into tasks.KINDS); max_turns: turns per episode; history: the prompt window W.
+  into tasks.KINDS); max_turns: turns per episode; history: the prompt window W;
+  self_guide (default False): the policy writes a self-assessment word before each action
+  (Self-Guide, see selfguide.py), mapped to the internal rewards self_rewards (default
+  (0.1, 0.0, -0.1) for progress+ / progress= / progress-); adds the primitive g_sg.
 Policy block options read by the warm-start corpus: sft_perturb_rate (share of random
 actions mixed into the expert's turns, default 0.3), sft_extra_tasks (fresh training-type
 tasks played besides the training split, default 0).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Sequence
 
 import jax
@@ -24,19 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 
 import primitives.agent  # noqa: F401  (registers the agent primitives)
-from derl_jax.config import ConfigError, choice, int_at_least, int_tuple, is_number, config_value
+from derl_jax.config import ConfigError, boolean, choice, int_at_least, int_tuple, is_number, config_value
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.household import corpus as household_corpus
 from derl_jax.domains.household import tasks as T
 from derl_jax.domains.household import vocab
-from derl_jax.domains.household.actions import ACTION_LENGTH
 from derl_jax.domains.household.env import TASK_FIELDS, HouseholdEnv
 from derl_jax.domains.household.prompt import task_prompt
 from derl_jax.domains.registry import DomainSpec, register_domain
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
+from primitives.selfguide import SELF_REWARD_PRIMITIVE
 
 DEFAULT_PERTURB_RATE = 0.3
+DEFAULT_SELF_REWARDS = (0.1, 0.0, -0.1)
 
 
 def make_dataset(tasks: T.Task) -> TokenDataset:
@@ -56,16 +61,18 @@ def make_household_domain(cfg: Any) -> Domain:
     """The household Domain of config block `cfg` (`config.domain`)."""
     held_out = tuple(int(k) for k in cfg.get("held_out_kinds", T.DEFAULT_HELD_OUT_KINDS))
     train, test = T.level_splits(str(cfg.level), int(cfg.seed), int(cfg.num_train), int(cfg.num_test), held_out)
-    env = HouseholdEnv(max_turns=int(cfg.max_turns))
+    self_guide = bool(cfg.get("self_guide", False))
+    env = HouseholdEnv(max_turns=int(cfg.max_turns), self_guide=self_guide,
+                       self_rewards=tuple(cfg.get("self_rewards", DEFAULT_SELF_REWARDS)))
     train_kinds, test_kinds, unseen = T.level_kinds(str(cfg.level), held_out)
     domain = Domain(
         name="household",
-        primitives=registry.resolve("agent", AGENT_PRIMITIVES),
+        primitives=registry.resolve("agent", household_primitive_names(cfg)),
         outcome_index=0,
         train=make_dataset(train),
         test=make_dataset(test),
-        tokenizer=vocab.WordVocab(),
-        max_new_tokens=ACTION_LENGTH,
+        tokenizer=vocab.WordVocab(self_guide=self_guide),
+        max_new_tokens=env.action_length,
         eos_id=vocab.EOS_ID,
         pad_id=vocab.PAD_ID,
         rollout="env",
@@ -76,6 +83,11 @@ def make_household_domain(cfg: Any) -> Domain:
               "type_split": dataclasses.asdict(T.type_split(int(cfg.seed)))},
     )
     return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+def household_primitive_names(domain_cfg: Any) -> tuple[str, ...]:
+    """The agent primitives, plus the summed self-reward `g_sg` when `self_guide` is on."""
+    return AGENT_PRIMITIVES + ((SELF_REWARD_PRIMITIVE,) if bool(domain_cfg.get("self_guide", False)) else ())
 
 
 def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
@@ -105,7 +117,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
     if not parts:
         raise ValueError("household corpus: no tasks are left for the supervised corpus")
     tasks = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
-    words = vocab.WordVocab()
+    words = vocab.WordVocab(self_guide=domain.env.self_guide)
     pairs = household_corpus.sft_corpus(tasks, int(seed), rate, env=domain.env, window=domain.history)
     return [(words.decode(prompt), words.decode(action)) for prompt, action in pairs]
 
@@ -121,6 +133,15 @@ def validate_household_config(cfg: Any) -> None:
     held_out = int_tuple(cfg, "domain.held_out_kinds", minimum=0, allowed=range(len(T.KINDS)))
     if len(held_out) != 2:
         raise ConfigError(f"config.domain.held_out_kinds must name two kinds of 0..5 {T.KINDS}, got {held_out}")
+    domain = config_value(cfg, "domain")
+    if "self_guide" in domain:
+        boolean(cfg, "domain.self_guide")
+    if "self_rewards" in domain:
+        rewards = domain["self_rewards"]
+        if (isinstance(rewards, str) or not hasattr(rewards, "__len__") or len(rewards) != 3
+                or not all(is_number(r) and math.isfinite(float(r)) for r in rewards)):
+            raise ConfigError(f"config.domain.self_rewards must be three finite numbers (for "
+                              f"{', '.join(vocab.ASSESSMENTS)}), got {rewards!r}")
     policy = config_value(cfg, "policy")
     if "sft_perturb_rate" in policy:
         rate = policy["sft_perturb_rate"]
@@ -131,4 +152,4 @@ def validate_household_config(cfg: Any) -> None:
 
 
 register_domain(DomainSpec(name="household", build=lambda cfg: make_household_domain(cfg.domain),
-                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_household_config))
+                           primitive_names=lambda cfg: household_primitive_names(cfg.domain), validate=validate_household_config))

@@ -26,6 +26,12 @@ Meta-tags and step scores (after RLVMR). The correct tags of a step are
   explore  the action reached an unvisited receptacle or opened a never-opened one;
   act      none of the three above.
 A step scores 1 when its action is well-formed and its tag is one of the correct ones.
+
+Self-assessment (Self-Guide; `self_guide=True`): every action starts with one more word, the
+policy's assessment of its progress so far (vocab.ASSESSMENTS: progress+ / progress= /
+progress-), then the tagged action as above (action_length 9). The assessment maps to the
+internal reward `self_rewards` (+0.1 / 0 / -0.1 by default), reported as info["self_reward"];
+an action without an assessment word is malformed and its self-reward is 0.
 """
 
 from __future__ import annotations
@@ -211,14 +217,23 @@ class HouseholdEnv:
 
     max_turns: int = 30
     obs_length: int = OBS_LENGTH
-    action_length: int = A.ACTION_LENGTH
+    action_length: int | None = None       # None: A.ACTION_LENGTH, plus one with self_guide
+    self_guide: bool = False
+    self_rewards: tuple[float, float, float] = (0.1, 0.0, -0.1)
 
     def __post_init__(self):
         if self.max_turns < 1:
             raise ValueError(f"HouseholdEnv: max_turns must be >= 1, got {self.max_turns}")
-        if self.obs_length < OBS_LENGTH or self.action_length != A.ACTION_LENGTH:
+        expected = A.ACTION_LENGTH + int(bool(self.self_guide))
+        if self.action_length is None:
+            object.__setattr__(self, "action_length", expected)
+        if self.obs_length < OBS_LENGTH or self.action_length != expected:
             raise ValueError(f"HouseholdEnv: obs_length must be >= {OBS_LENGTH} and action_length "
-                             f"{A.ACTION_LENGTH}, got {self.obs_length} and {self.action_length}")
+                             f"{expected}, got {self.obs_length} and {self.action_length}")
+        object.__setattr__(self, "self_rewards", tuple(float(r) for r in self.self_rewards))
+        if len(self.self_rewards) != len(vocab.ASSESSMENTS):
+            raise ValueError(f"HouseholdEnv: self_rewards must hold {len(vocab.ASSESSMENTS)} values (for "
+                             f"{', '.join(vocab.ASSESSMENTS)}), got {self.self_rewards}")
 
     def reset(self, key: jax.Array, task: Task) -> tuple[jax.Array, HouseholdState]:
         """(obs i32[O], state) in the middle of the room of `task` (a `Task` or a mapping with its
@@ -239,10 +254,18 @@ class HouseholdEnv:
         """(obs i32[O], state, reward f32[], done bool[], info) after `action` i32[A].
 
         info: step_score f32[] (well-formed and correctly tagged), success f32[] (task solved),
-        valid f32[] (the action succeeded), well_formed f32[], tags bool[4] (correct tags).
+        valid f32[] (the action succeeded), well_formed f32[], tags bool[4] (correct tags); with
+        self_guide also assessment i32[] (index into vocab.ASSESSMENTS, -1 when missing) and
+        self_reward f32[] (its internal reward).
         A step from a finished episode changes nothing and scores 0.
         """
+        if self.self_guide:
+            action = A.truncate_at_eos(action.astype(jnp.int32))
+            assessment = jnp.asarray(vocab.WORD_ASSESSMENT)[action[0]]
+            action = action[1:]
         parsed = A.parse_action(action, state.task)
+        if self.self_guide:
+            parsed = parsed.replace(well_formed=parsed.well_formed & (assessment >= 0))
         outcomes = _apply(state, parsed)
         template = jnp.maximum(parsed.template, 0)
         ok = parsed.well_formed & jnp.stack([b[0] for b in outcomes])[template]
@@ -272,5 +295,9 @@ class HouseholdEnv:
             "well_formed": parsed.well_formed.astype(jnp.float32),
             "tags": tags,
         }
+        if self.self_guide:
+            values = jnp.asarray(self.self_rewards, jnp.float32)[jnp.maximum(assessment, 0)]
+            info["assessment"] = assessment
+            info["self_reward"] = jnp.where(live & (assessment >= 0), values, 0.0).astype(jnp.float32)
         reward = (live & success).astype(jnp.float32)
         return obs, new_state, reward, new_state.done, info

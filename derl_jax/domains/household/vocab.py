@@ -63,22 +63,30 @@ APPLIANCES = (SINK, MICROWAVE, FRIDGE)
 
 WORDS = (*SPECIALS, *TAGS, *VERBS, *[w for w in TEXT_WORDS if w not in VERBS], *DIGITS,
          *OBJECT_NAMES, *RECEPTACLE_NAMES)
-assert len(set(WORDS)) == len(WORDS), "household vocabulary repeats a word"
-ID = {word: index for index, word in enumerate(WORDS)}
+# Self-assessments (Self-Guide; used only when the domain's self_guide option is on): positive,
+# neutral, negative progress. Their ids follow the base vocabulary, so every other id is the same.
+ASSESSMENTS = ("progress+", "progress=", "progress-")
+ALL_WORDS = (*WORDS, *ASSESSMENTS)
+assert len(set(ALL_WORDS)) == len(ALL_WORDS), "household vocabulary repeats a word"
+ID = {word: index for index, word in enumerate(ALL_WORDS)}
 VOCAB_SIZE = len(WORDS)
+SELF_GUIDE_VOCAB_SIZE = len(ALL_WORDS)
+ASSESSMENT_IDS = np.array([ID[w] for w in ASSESSMENTS], np.int32)
 PAD_ID, BOS_ID, EOS_ID, OBS_ID, ACT_ID = (ID[w] for w in SPECIALS)
 TAG_IDS = np.array([ID[t] for t in TAGS], np.int32)
 PLAN, EXPLORE, REFLECT, ACT_TAG = range(4)
 
 # Constant lookup tables over the vocabulary (-1 where the word is not of that kind) and over types.
-WORD_OBJECT_TYPE = np.full(VOCAB_SIZE, -1, np.int32)
+WORD_OBJECT_TYPE = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
 WORD_OBJECT_TYPE[[ID[n] for n in OBJECT_NAMES]] = np.arange(len(OBJECT_NAMES))
-WORD_RECEPTACLE_TYPE = np.full(VOCAB_SIZE, -1, np.int32)
+WORD_RECEPTACLE_TYPE = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
 WORD_RECEPTACLE_TYPE[[ID[n] for n in RECEPTACLE_NAMES]] = np.arange(len(RECEPTACLE_NAMES))
-WORD_NUMBER = np.full(VOCAB_SIZE, -1, np.int32)
+WORD_NUMBER = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
 WORD_NUMBER[[ID[d] for d in DIGITS]] = np.arange(1, MAX_INSTANCE + 1)
-WORD_TAG = np.full(VOCAB_SIZE, -1, np.int32)
+WORD_TAG = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
 WORD_TAG[TAG_IDS] = np.arange(len(TAGS))
+WORD_ASSESSMENT = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
+WORD_ASSESSMENT[ASSESSMENT_IDS] = np.arange(len(ASSESSMENTS))
 OBJECT_WORD = np.array([ID[n] for n in OBJECT_NAMES], np.int32)
 RECEPTACLE_WORD = np.array([ID[n] for n in RECEPTACLE_NAMES], np.int32)
 NUMBER_WORD = np.array([PAD_ID, *[ID[d] for d in DIGITS]], np.int32)  # index = instance number
@@ -91,21 +99,27 @@ OBJECT_STRATA = {s: tuple(i for i, n in enumerate(OBJECT_NAMES) if OBJECT_TYPES[
 RECEPTACLE_STRATA = {s: tuple(i for i, n in enumerate(RECEPTACLE_NAMES) if RECEPTACLE_TYPES[n][0] == s)
                      for s in ("closed", "open")}
 
-_TOKEN_PATTERN = re.compile(r"<[a-z]+>|in/on|there's|[a-z0-9]+|[.,:]")
+_TOKEN_PATTERN = re.compile(r"<[a-z]+>|in/on|there's|progress[-+=]|[a-z0-9]+|[.,:]")
 
 
 class WordVocab:
-    """Encoder/decoder for `WORDS`: text is split into words and the punctuation . , : ."""
+    """Encoder/decoder for `WORDS` (with `self_guide`: `ALL_WORDS`, the self-assessments too):
+    text is split into words and the punctuation . , : ."""
 
     pad_id, bos_id, eos_id, obs_id, act_id = PAD_ID, BOS_ID, EOS_ID, OBS_ID, ACT_ID
     token_names = WORDS
     vocab_size = VOCAB_SIZE
 
+    def __init__(self, self_guide: bool = False):
+        self.self_guide = bool(self_guide)
+        self.token_names = ALL_WORDS if self.self_guide else WORDS
+        self.vocab_size = len(self.token_names)
+
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Ids of the words of `text` (lower-cased); an unknown word raises naming it."""
         ids = [BOS_ID] if add_bos else []
         for word in _TOKEN_PATTERN.findall(text.lower()):
-            if word not in ID:
+            if ID.get(word, self.vocab_size) >= self.vocab_size:
                 raise ValueError(f"WordVocab.encode: word {word!r} of {text!r} is not in the household vocabulary")
             ids.append(ID[word])
         leftover = _TOKEN_PATTERN.sub(" ", text.lower()).strip()
@@ -117,13 +131,13 @@ class WordVocab:
         """Words of `ids` joined by spaces; stops at the first eos; drops pad (and bos unless kept)."""
         words = []
         for position, token in enumerate(np.asarray(ids).reshape(-1).tolist()):
-            if not 0 <= token < VOCAB_SIZE:
-                raise ValueError(f"WordVocab.decode: id {token} at position {position} is outside [0, {VOCAB_SIZE})")
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"WordVocab.decode: id {token} at position {position} is outside [0, {self.vocab_size})")
             if token == EOS_ID and not keep_specials:
                 break
             if token == PAD_ID or (token == BOS_ID and not keep_specials):
                 continue
-            words.append(WORDS[token])
+            words.append(ALL_WORDS[token])
         return " ".join(words)
 
     def decode_batch(self, ids) -> list[str]:
