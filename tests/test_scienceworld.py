@@ -51,6 +51,14 @@ def test_vocabulary_round_trip_and_padding():
     ids = vocab.encode("Explore: move Cupboard to red box zebra", 12)
     assert ids.dtype == np.int32 and ids.shape == (12,)
     assert vocab.decode(ids) == "explore : move cupboard to red box <unk>"
+    assert vocab.tokens(vocab.decode(ids)) == [i for i in ids.tolist() if i != vocab.pad_id]  # decode re-encodes
+    batch, mask = vocab.encode_batch(["red box", "<unk> box"], 4, left_pad=True, add_bos=True)
+    assert batch.tolist() == [[vocab.pad_id, vocab.bos_id, vocab.ids["red"], vocab.ids["box"]],
+                              [vocab.pad_id, vocab.bos_id, vocab.unk_id, vocab.ids["box"]]]
+    assert mask.tolist() == [[False, True, True, True]] * 2 and vocab.decode_batch(batch) == ["red box", "<unk> box"]
+    assert vocab.decode([vocab.ids["red"], vocab.eos_id, vocab.ids["box"]]) == "red"
+    with pytest.raises(ValueError, match="has 3 tokens, more than 2"):
+        vocab.encode_batch(["red box"], 2, left_pad=False, add_eos=True)
     assert vocab.encode("a b c", 2).tolist() == [vocab.ids["a"], vocab.unk_id]
     assert len(vocab) == len(set(vocab.words))
     assert words("It's 3 o'clock.") == ["it's", "3", "o'clock", "."]
@@ -83,7 +91,7 @@ def scienceworld():
     engine.require_engine()  # fails with what to install: the agents extra is part of this test suite
     from derl_jax.domains.scienceworld.env import ScienceWorldEnv
 
-    env = ScienceWorldEnv([TASK], num_workers=2, obs_length=96, action_length=12, max_turns=5)
+    env = ScienceWorldEnv([TASK], num_workers=1, obs_length=96, action_length=12, max_turns=5)  # two games, one JVM
     yield env
     env.close()
 
@@ -139,13 +147,13 @@ def test_two_scripted_episodes_score_and_end(scienceworld):
     _, states = env.reset(np.zeros((2, 2), np.uint32), {"task": np.zeros(2, np.int32), "variation": np.zeros(2, np.int32)})
     again = env.step(states, _actions(env, script[0]))
     assert again[4]["step_score"].tolist() == step_scores[0].tolist() and again[3].tolist() == [False, False]
-    assert "focus on cupboard" not in env.valid_actions(0) and "go to kitchen" in env.valid_actions(1)
+    assert "focus on cupboard" not in env.valid_actions(again[1][0]) and "go to kitchen" in env.valid_actions(again[1][1])
 
 
 class _FakeWorker:
     """The engine's variation lists for two tasks (what `Worker.variations` returns)."""
 
-    VARIATIONS = {"boil": {"train": [0, 1, 2], "test": [5, 6]}, "melt": {"train": [3, 4], "test": [7]}}
+    VARIATIONS = {"boil": {"train": [0, 1, 2], "test": [5, 6]}, "melt": {"train": [3, 4, 8], "test": [7]}}
 
     def variations(self, task, split):
         return self.VARIATIONS[task][split]
@@ -155,10 +163,15 @@ def test_level_splits_use_the_engine_variation_lists():
     from derl_jax.domains.scienceworld.splits import level_split
 
     names = ("boil", "melt")
-    train, evaluate = level_split(_FakeWorker(), names, "L0")
-    assert train["task"].tolist() == [0, 0, 0, 1, 1] and train["variation"].tolist() == [0, 1, 2, 3, 4]
-    assert evaluate["variation"].tolist() == train["variation"].tolist()
-    train, evaluate = level_split(_FakeWorker(), names, "L1", limit=2)
+    # L0: train on the first train variations, evaluate on the train variations after them
+    train, evaluate = level_split(_FakeWorker(), names, "L0", num_train=2, num_test=5)
+    assert train["task"].tolist() == [0, 0, 1, 1] and train["variation"].tolist() == [0, 1, 3, 4]
+    assert evaluate["task"].tolist() == [0, 1] and evaluate["variation"].tolist() == [2, 8]
+    assert not set(zip(train["task"].tolist(), train["variation"].tolist())) & set(
+        zip(evaluate["task"].tolist(), evaluate["variation"].tolist()))
+    with pytest.raises(ValueError, match=r"tasks \['boil', 'melt'\] have no train variations left"):
+        level_split(_FakeWorker(), names, "L0", num_train=3)
+    train, evaluate = level_split(_FakeWorker(), names, "L1", num_train=2)
     assert train["variation"].tolist() == [0, 1, 3, 4] and evaluate["task"].tolist() == [0, 0, 1]
     assert evaluate["variation"].tolist() == [5, 6, 7]
     train, evaluate = level_split(_FakeWorker(), names, "L2", held_out=("melt",))
@@ -166,6 +179,8 @@ def test_level_splits_use_the_engine_variation_lists():
     assert evaluate["variation"].tolist() == [7] and train["variation"].dtype == np.int32
     with pytest.raises(ValueError, match="L2 needs held-out tasks"):
         level_split(_FakeWorker(), names, "L2")
+    with pytest.raises(ValueError, match="none is left to train on"):
+        level_split(_FakeWorker(), names, "L2", held_out=names)
     with pytest.raises(ValueError, match=r"held-out tasks \['freeze'\]"):
         level_split(_FakeWorker(), names, "L1", held_out=("freeze",))
     with pytest.raises(ValueError, match="level must be one of"):

@@ -6,6 +6,11 @@ Java). Its `step` calls the engine's step, score and completion directly: the pa
 which costs more than the step itself; `valid_actions()` lists them only when asked. An
 ambiguous action (the engine asks which of several objects was meant) is resolved to the
 first choice, so every call is one turn.
+
+One JVM can hold many games: `Worker.fork()` opens another game on the same JVM (the engine's
+games are independent objects), so a batch of episodes larger than the number of JVMs plays
+without reloading anything between turns. A worker and its forks must be called from one
+thread at a time.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ from __future__ import annotations
 import importlib.util
 import shutil
 
+from derl_jax.config import InputError
+
 AMBIGUOUS = "ambiguous request"
 INSTALL_JAVA = "install Java 11 or newer so that `java` is on PATH (e.g. apt-get install openjdk-17-jre-headless)"
 INSTALL_PACKAGE = "pip install 'derl_jax[agents]' (or: pip install scienceworld)"
 
 
-class EngineMissing(RuntimeError):
+class EngineMissing(InputError):
     """Java or the scienceworld package is not installed."""
 
 
@@ -33,23 +40,34 @@ def require_engine() -> None:
 class Worker:
     """One simulator (one JVM). Not thread-safe: one episode at a time."""
 
-    def __init__(self, step_limit: int = 100):
+    def __init__(self, step_limit: int = 100, *, parent: "Worker | None" = None):
+        if parent is not None:  # another game on the parent's JVM
+            self._env, self._owner = parent._env, False
+            self._server = parent._env._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+            self.task_names = parent.task_names
+            return
         require_engine()
         from scienceworld import ScienceWorldEnv  # imported here: an optional dependency
 
-        self._env = ScienceWorldEnv("", envStepLimit=step_limit)
+        self._env, self._owner = ScienceWorldEnv("", envStepLimit=step_limit), True
         self._server = self._env.server
         self.task_names: tuple[str, ...] = tuple(self._env.get_task_names())
+
+    def fork(self) -> "Worker":
+        """Another, independent game on this worker's JVM (closed with it)."""
+        return Worker(parent=self)
 
     def load(self, task: str, variation: int, simplifications: str = "easy", gold_path: bool = False) -> None:
         if task not in self.task_names:
             raise ValueError(f"unknown ScienceWorld task {task!r}; known: {', '.join(self.task_names)}")
-        self._env.load(task, int(variation), simplifications, generateGoldPath=gold_path)
+        self._server.load(task, int(variation), simplifications, bool(gold_path))
 
-    def reset(self) -> str:
-        """Restart the loaded task variation -> the first observation (task description + room)."""
+    def reset(self, describe_task: bool = True) -> str:
+        """Restart the loaded task variation -> the first observation (the task description, unless
+        `describe_task` is False, and the room)."""
         self._server.reset()
-        return f"{self._server.freeActionTaskDesc()}\n{self._server.step('look around')}"
+        room = self._server.step("look around")
+        return f"{self._server.freeActionTaskDesc()}\n{room}" if describe_task else room
 
     def step(self, action: str) -> tuple[str, float, bool]:
         """(observation, score in [0, 1] (negative when the task failed), completed) after `action`."""
@@ -65,23 +83,27 @@ class Worker:
 
     def gold_actions(self) -> list[str]:
         """The engine's gold action sequence of the task loaded with `gold_path=True`."""
-        return self._env.get_gold_action_sequence()
+        return list(self._server.getGoldActionSequence())
+
+    def task_description(self) -> str:
+        """The loaded task variation's description ("Your task is to ...")."""
+        return str(self._server.freeActionTaskDesc())
 
     def vocabulary(self) -> set[str]:
         """Words of the loaded task's objects and action templates (the engine's own list)."""
-        return set(self._env.get_vocabulary())
+        words = {word for action in self._server.getPossibleActions() for word in action.split(" ")}
+        return words | set(self._server.getPossibleObjects())
 
     def variations(self, task: str, split: str) -> list[int]:
         """The benchmark's variation indices of `task` in `split` ('train', 'dev' or 'test')."""
-        self.load(task, 0)
-        getter = {"train": self._env.get_variations_train, "dev": self._env.get_variations_dev,
-                  "test": self._env.get_variations_test}
+        getter = {"train": "getVariationsTrain", "dev": "getVariationsDev", "test": "getVariationsTest"}
         if split not in getter:
             raise ValueError(f"split must be 'train', 'dev' or 'test', got {split!r}")
-        return list(getter[split]())
+        self.load(task, 0)
+        return list(getattr(self._server, getter[split])())
 
     def close(self) -> None:
         """Stop the JVM."""
-        if self._env is not None:
+        if self._env is not None and self._owner:
             self._env.close()
-            self._env = None
+        self._env = None

@@ -4,10 +4,13 @@
     obs i32[B, O], states = env.reset(keys u32[B, 2], tasks)   # tasks: {"task": i32[B], "variation": i32[B]}
     obs, states, reward f32[B], done bool[B], info = env.step(states, actions i32[B, A])
 
-Episode b runs on worker b (one JVM each; a thread per worker, since the engine's calls
-release the GIL while Java works). `tasks["task"]` indexes `env.task_names`, the tasks the
+Episode b plays on JVM b % num_workers, in a game of its own (`Worker.fork`: one JVM holds
+many games), so any batch size works; a thread per JVM steps its games one after another (the
+engine's calls release the GIL while Java works). A game goes back to its JVM's pool when its
+episode is done. `tasks["task"]` indexes `env.task_names`, the tasks the
 vocabulary was built for; `tasks["variation"]` is the engine's variation index (see
-`splits.py`). The vocabulary is built from the engine for `task_names` unless given. Actions are the policy's word ids: a tag then the action words (`tags.py`).
+`splits.py`). The first observation is the task description and the room (the room alone
+with `describe_task=False`, for prompts that carry the description). The vocabulary is built from the engine for `task_names` unless given. Actions are the policy's word ids: a tag then the action words (`tags.py`).
 
   reward      the engine's score change this step, in [-1, 1] (its score is 0..100 %)
   done        the engine says the task is completed (solved or failed), or `max_turns` steps
@@ -39,6 +42,8 @@ class Episode:
     task: str
     variation: int
     tracker: T.TagTracker
+    worker: int
+    game: Worker
     score: float = 0.0
     done: bool = False
     turn: int = 0
@@ -50,19 +55,21 @@ class ScienceWorldEnv:
     host = True
 
     def __init__(self, task_names: Sequence[str], num_workers: int, *, vocab: Vocabulary | None = None,
-                 obs_length: int = 128, action_length: int = 16, max_turns: int = 30, simplifications: str = "easy"):
+                 obs_length: int = 128, action_length: int = 16, max_turns: int = 30, simplifications: str = "easy",
+                 describe_task: bool = True):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         require_engine()  # before any thread starts: one clear message when Java or the package is missing
         self.task_names = tuple(task_names)
         self.obs_length, self.action_length, self.max_turns = obs_length, action_length, max_turns
-        self.simplifications = simplifications
+        self.simplifications, self.describe_task = simplifications, describe_task
         self._pool = ThreadPoolExecutor(num_workers)
         self.workers: list[Worker] = list(self._pool.map(lambda _: Worker(step_limit=max_turns + 1), range(num_workers)))
         unknown = [name for name in self.task_names if name not in self.workers[0].task_names]
         if unknown:
             self.close()
             raise ValueError(f"unknown ScienceWorld tasks {unknown}; known: {', '.join(self.workers[0].task_names)}")
+        self._idle: list[list[Worker]] = [[] for _ in self.workers]   # per JVM, games free for a new episode
         self.vocab = vocab or build_vocabulary(self.workers[0], self.task_names, simplifications)
 
     def _map(self, fn, *columns):
@@ -72,22 +79,34 @@ class ScienceWorldEnv:
         """B fresh episodes -> (obs i32[B, O], states)."""
         task_ids, variations = np.asarray(tasks["task"]), np.asarray(tasks["variation"])
         batch = len(task_ids)
-        if batch > len(self.workers) or np.shape(keys)[0] != batch or variations.shape != (batch,):
-            raise ValueError(f"reset: {batch} tasks, {np.shape(keys)[0]} keys, {len(self.workers)} workers")
+        if np.shape(keys)[0] != batch or variations.shape != (batch,):
+            raise ValueError(f"reset: {batch} tasks, {np.shape(keys)[0]} keys, {variations.shape} variations")
+        games = [self._idle[b % len(self.workers)].pop() if self._idle[b % len(self.workers)]
+                 else self.workers[b % len(self.workers)].fork() for b in range(batch)]
 
         def start(b: int):
             name = self.task_names[int(task_ids[b])]
-            worker = self.workers[b]
-            worker.load(name, int(variations[b]), self.simplifications)
-            observation = worker.reset()
+            games[b].load(name, int(variations[b]), self.simplifications)
+            observation = games[b].reset(self.describe_task)
             tracker = T.TagTracker()
             location = T.start_location(observation)
             if location:
                 tracker.visited.add(location)
-            return self.vocab.encode(observation, self.obs_length), Episode(name, int(variations[b]), tracker)
+            episode = Episode(name, int(variations[b]), tracker, b % len(self.workers), games[b])
+            return self.vocab.encode(observation, self.obs_length), episode
 
-        started = self._map(start, range(batch))
+        started = self._per_worker(start, [b % len(self.workers) for b in range(batch)])
         return np.stack([obs for obs, _ in started]), [episode for _, episode in started]
+
+    def _per_worker(self, fn, worker_of: Sequence[int]) -> list:
+        """[fn(b) for every b], the b of one JVM called in order on that JVM's thread."""
+        rows = [[b for b, w in enumerate(worker_of) if w == worker] for worker in range(len(self.workers))]
+        done = self._map(lambda own: [(b, fn(b)) for b in own], rows)
+        out = [None] * len(worker_of)
+        for pairs in done:
+            for b, value in pairs:
+                out[b] = value
+        return out
 
     def step(self, states: Sequence[Episode], actions: np.ndarray):
         """One step of every live episode -> (obs i32[B, O], states, reward f32[B], done bool[B], info)."""
@@ -100,16 +119,18 @@ class ScienceWorldEnv:
             if episode.done:
                 return np.full(self.obs_length, self.vocab.pad_id, np.int32), 0.0, 0.0, 0.0
             tag, action = T.split_tag(self.vocab.decode(actions[b]))
-            observation, score, completed = self.workers[b].step(action) if action else ("No known action matches that input.",
+            observation, score, completed = episode.game.step(action) if action else ("No known action matches that input.",
                                                                                        episode.score, False)
             step_score = T.score_step(episode.tracker, tag, action, observation, score > episode.score)
             reward = score - episode.score
             episode.score, episode.turn = score, episode.turn + 1
             episode.done = completed or episode.turn >= self.max_turns
+            if episode.done:
+                self._idle[episode.worker].append(episode.game)
             valid = float(not T.failed(observation))
             return self.vocab.encode(observation, self.obs_length), reward, step_score, valid
 
-        results = self._map(advance, range(len(states)))
+        results = self._per_worker(advance, [episode.worker for episode in states])
         obs = np.stack([r[0] for r in results])
         info = {
             "step_score": np.array([r[2] for r in results], np.float32),
@@ -119,13 +140,15 @@ class ScienceWorldEnv:
         }
         return obs, list(states), np.array([r[1] for r in results], np.float32), np.array([e.done for e in states]), info
 
-    def valid_actions(self, b: int) -> list[str]:
-        """The actions episode b's engine accepts now (slow; only when asked)."""
-        return self.workers[b].valid_actions()
+    def valid_actions(self, episode: Episode) -> list[str]:
+        """The actions the engine accepts now in a live `episode` (slow; only when asked)."""
+        return self._pool.submit(episode.game.valid_actions).result()
 
     def close(self) -> None:
         """Stop every JVM."""
-        self._map(lambda worker: worker.close(), self.workers)
+        for worker in self.workers:   # in this thread: close() also runs at exit, after the pool's threads stop
+            worker.close()
+        self.workers = []
         self._pool.shutdown()
 
     def __enter__(self):

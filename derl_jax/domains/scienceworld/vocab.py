@@ -6,6 +6,10 @@ own vocabulary (`Worker.vocabulary()`: visible object names and action templates
 observation along the engine's gold path of variation 0 of each task, sorted. So the word list depends only on
 the engine's version and the task names, never on run order or machine. Text is lower-cased
 and split into words and punctuation; a word outside the list is <unk>.
+
+`Vocabulary` is also the domain's tokenizer (`vocab_size`, `encode_batch`, `decode_batch`):
+`decode` writes specials by name and `tokens` reads them back, so decoded text re-encodes to
+the same ids.
 """
 
 from __future__ import annotations
@@ -43,9 +47,39 @@ class Vocabulary:
         self.ids = {w: i for i, w in enumerate(self.words)}
         self.task_names = tuple(task_names)
         self.pad_id, self.unk_id = self.ids["<pad>"], self.ids["<unk>"]
+        self.bos_id, self.eos_id = self.ids["<bos>"], self.ids["<eos>"]
 
     def __len__(self) -> int:
         return len(self.words)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.words)
+
+    def tokens(self, text: str) -> list[int]:
+        """Ids of `text`'s words, a special written by name (`<unk>`) read back as itself."""
+        ids = []
+        for piece in text.split():
+            ids += [self.ids[piece]] if piece in SPECIALS else [self.ids.get(w, self.unk_id) for w in words(piece)]
+        return ids
+
+    def encode_batch(self, texts: Sequence[str], length: int, left_pad: bool, *, add_bos: bool = False,
+                     add_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(ids i32[B, length], mask bool[B, length]) of `tokens` of every text (with bos / eos),
+        padded on the left (prompts) or right; a text longer than `length` raises naming it."""
+        ids, mask = np.full((len(texts), length), self.pad_id, np.int32), np.zeros((len(texts), length), bool)
+        for row, text in enumerate(texts):
+            tokens = [self.bos_id] * add_bos + self.tokens(text) + [self.eos_id] * add_eos
+            if len(tokens) > length:
+                raise ValueError(f"ScienceWorld vocabulary: text {row} {text[:60]!r} has {len(tokens)} tokens, "
+                                 f"more than {length}")
+            span = slice(length - len(tokens), length) if left_pad else slice(0, len(tokens))
+            ids[row, span], mask[row, span] = tokens, True
+        return ids, mask
+
+    def decode_batch(self, ids) -> list[str]:
+        """`decode` of every row of i32[B, L]."""
+        return [self.decode(row) for row in np.asarray(ids)]
 
     def encode(self, text: str, length: int) -> np.ndarray:
         """i32[length]: ids of the first `length` words of `text`, padded."""
@@ -53,12 +87,13 @@ class Vocabulary:
         return np.array(ids + [self.pad_id] * (length - len(ids)), np.int32)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Words of the ids up to the first padding, joined by spaces."""
+        """Words of the ids up to the first <eos>, without padding and <bos>, joined by spaces."""
         out = []
-        for i in np.asarray(ids).tolist():
-            if i == self.pad_id:
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i == self.eos_id:
                 break
-            out.append(self.words[i] if 0 <= i < len(self.words) else "<unk>")
+            if i not in (self.pad_id, self.bos_id):
+                out.append(self.words[i] if 0 <= i < len(self.words) else "<unk>")
         return " ".join(out)
 
 

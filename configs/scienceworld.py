@@ -1,0 +1,103 @@
+"""DERL on ScienceWorld (the real engine through the host-environment adapter; needs Java 11+
+and `pip install 'derl_jax[agents]'`).
+
+Presets (`--config=configs/scienceworld.py:<preset>`):
+
+  default  the paper's settings (Section 4 and Appendix C): Qwen2.5-1.5B-Instruct policy and
+           Qwen2.5-0.5B-Instruct Meta-Optimizer from local directories, 8 rewards per outer
+           iteration, 80 inner steps per candidate, 5 outer iterations, 100 final steps;
+           GRPO + outcome, GRPO + average, DERL and DERL-pop over 3 seeds at one level
+           (`domain.level`; run once per level). Hours on accelerators:
+
+      python launch/run.py --config=configs/scienceworld.py --mode=compare --workdir=runs/sw_L0 \\
+          --config.policy.checkpoint=/models/Qwen2.5-1.5B-Instruct \\
+          --config.meta.hf_path=/models/Qwen2.5-0.5B-Instruct
+
+  derl_pop the paper's DERL-pop schedule on ScienceWorld: 3 outer iterations x 33 inner steps.
+
+  tiny     one task, 5 + 2 variations, 4 turns, a tiny scratch policy on its word vocabulary;
+           runs on a laptop CPU in about a minute (most of it JVM start-up and compilation):
+
+      python launch/run.py --config=configs/scienceworld.py:tiny --mode=final \\
+          --expression='g1+0.5*g2' --workdir=runs/sw_tiny
+
+Every field can be overridden from the command line, e.g. `--config.domain.level=L2`.
+
+Fields of this experiment (the shared blocks are documented in configs/common.py):
+  domain.*   kind, tasks (ScienceWorld task names), level ("L0" | "L1" | "L2"; see
+             derl_jax/domains/scienceworld/splits.py), held_out_tasks (the task types L2
+             evaluates on and never trains on), num_train / num_test variations per task,
+             simplifications (the engine's, "easy" = all of them), max_turns per episode,
+             history (W, the turns of actions and observations in each prompt), obs_length /
+             action_length (tokens per observation / action), description_length (tokens of
+             the task description in the task prompt), num_workers (JVMs; each holds many games)
+  policy.*   the policy: checkpoint / tokenizer (local Hugging Face directories; "" = a scratch
+             policy on the domain's word vocabulary, warm-started on the perturbed gold paths:
+             sft_steps, sft_lr, sft_batch_size, sft_perturb_rate)
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+
+METHODS = ("outcome", "average", "derl", "derl_pop")
+# Whole task families held out at L2 (inclined planes, Mendelian genetics): task types the
+# training tasks never show.
+L2_HELD_OUT = ("inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
+               "inclined-plane-friction-unnamed-surfaces", "mendelian-genetics-known-plant",
+               "mendelian-genetics-unknown-plant")
+ALL_TASKS = (
+    "boil", "change-the-state-of-matter-of", "chemistry-mix", "chemistry-mix-paint-secondary-color",
+    "chemistry-mix-paint-tertiary-color", "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
+    "freeze", "grow-fruit", "grow-plant", "identify-life-stages-1", "identify-life-stages-2",
+    "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
+    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived", "lifespan-longest-lived-then-shortest-lived",
+    "lifespan-shortest-lived", "measure-melting-point-known-substance", "measure-melting-point-unknown-substance",
+    "melt", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant", "power-component",
+    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity", "test-conductivity-of-unknown-substances",
+    "use-thermometer",
+)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config of preset `arg`: "default" (None or empty), "derl_pop" or "tiny"."""
+    return common.preset({"default": default, "derl_pop": derl_pop, "tiny": tiny}, arg, "configs/scienceworld.py")
+
+
+def default() -> ml_collections.ConfigDict:
+    domain = {"kind": "scienceworld", "tasks": ALL_TASKS, "level": "L0", "held_out_tasks": L2_HELD_OUT,
+              "num_train": 10, "num_test": 5, "simplifications": "easy", "max_turns": 30, "history": 2,
+              "obs_length": 128, "action_length": 16, "description_length": 64, "num_workers": 16}
+    policy = {"checkpoint": "/models/Qwen2.5-1.5B-Instruct", "tokenizer": "", "param_dtype": "bfloat16",
+              "compute_dtype": "bfloat16", "remat": True, **common.SCRATCH_MODEL, "sft_steps": 0, "sft_lr": 3e-3,
+              "sft_batch_size": 64, "sft_perturb_rate": 0.3}
+    cfg = common.base("scienceworld", domain, policy)
+    cfg.inner.update(steps=80, prompts_per_step=8, group_size=8, lr=1e-6, kl=0.01, eval_batch_size=64)
+    cfg.meta.update(backbone="hf", hf_path="/models/Qwen2.5-0.5B-Instruct")
+    cfg.outer.update(iterations=5, num_candidates=8, population_inner_steps=33)
+    cfg.final.steps = 100
+    cfg.compare.methods = METHODS
+    return cfg
+
+
+def derl_pop() -> ml_collections.ConfigDict:
+    cfg = default()
+    cfg.name = "scienceworld_derl_pop"
+    cfg.outer.update(iterations=3, population_inner_steps=33)
+    cfg.compare.methods = ("derl_pop",)
+    return cfg
+
+
+def tiny() -> ml_collections.ConfigDict:
+    cfg = common.toy_search(default())
+    cfg.name = "scienceworld_tiny"
+    cfg.domain.update(tasks=("find-non-living-thing",), held_out_tasks=(), num_train=5, num_test=2, max_turns=5,
+                      history=1, obs_length=48, action_length=12, description_length=40, num_workers=1)
+    cfg.policy.update(checkpoint="", tokenizer="", param_dtype="float32", compute_dtype="float32", remat=False,
+                      **common.TOY_MODEL, sft_steps=40, sft_lr=1e-2, sft_batch_size=16)
+    cfg.inner.update(prompts_per_step=2, group_size=2, lr=3e-4, kl=0.0, eval_batch_size=8)
+    cfg.meta.update(hf_path="")
+    cfg.outer.population_inner_steps = 0
+    return cfg

@@ -1,0 +1,87 @@
+"""The warm-start corpus: the engine's gold paths with harmless random actions mixed in.
+
+`play(worker, task, variation, ...)` loads one task variation with its gold path and plays it:
+before each gold action, with probability `perturb_rate`, a random action that changes nothing
+in the world (a word string the engine does not parse, `look at` something, `inventory`, `look
+around`) with a random tag; then the gold action with a correct tag (`tags.correct_tags`,
+preferring plan, then reflect, explore, act). Every turn gives one (prompt, action) pair; the
+prompt has the multi-turn rollout's layout (`derl_jax.rl.rollout.turn_prompts`):
+
+    <bos> description   a_{t-W} o_{t-W+1}   ...   a_{t-1} o_t
+
+with the description cut to the task prompt's words, actions and observations cut to the
+environment's lengths exactly as the adapter encodes them, and padding dropped. So the corpus
+shows the policy what the rollout shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from derl_jax.domains.scienceworld import tags as T
+from derl_jax.domains.scienceworld.vocab import Vocabulary
+
+PREFERRED_TAGS = (T.PLAN, T.REFLECT, T.EXPLORE, T.ACT)
+HARMLESS = ("inventory", "look around")
+
+
+def random_action(rng: np.random.Generator, vocab: Vocabulary, objects: Sequence[str]) -> str:
+    """A random action that leaves the world as it was (module docstring), tag included."""
+    tag = T.TAGS[rng.integers(len(T.TAGS))]
+    kind = rng.integers(3)
+    if kind == 0 and objects:
+        action = f"look at {objects[rng.integers(len(objects))]}"
+    elif kind == 1:
+        action = HARMLESS[rng.integers(len(HARMLESS))]
+    else:  # words the engine cannot parse as an action
+        action = f"xyzzy {vocab.words[rng.integers(len(vocab.words) - 1) + 1]}"
+    return f"{tag} {action}"
+
+
+def correct_tag(tracker: T.TagTracker, action: str, observation: str) -> str:
+    """The preferred tag among those that agree with the step."""
+    agree = T.correct_tags(tracker, action, observation)
+    return next(tag for tag in PREFERRED_TAGS if tag in agree)
+
+
+def play(worker, task: str, variation: int, seed: int, perturb_rate: float, vocab: Vocabulary, *,
+         description_length: int, obs_length: int, action_length: int, window: int, max_turns: int,
+         simplifications: str = "easy") -> list[tuple[str, str]]:
+    """(prompt text, action text) per turn of one perturbed gold episode (module docstring);
+    turns whose action would not fit in `action_length - 1` tokens (room for eos) are played
+    but not kept."""
+    rng = np.random.default_rng([int(seed), int(variation), sum(map(ord, task))])
+    worker.load(task, variation, simplifications, gold_path=True)
+    gold = worker.gold_actions()
+    objects = sorted(w for w in worker.vocabulary() if w.isalpha() and len(w) > 2)
+    task_ids = vocab.tokens(worker.task_description())[:description_length]
+    first = worker.reset(describe_task=False)   # the prompt carries the description
+    slots = [([], [])] * (window - 1) + [([], _ids(vocab.encode(first, obs_length), vocab))]
+    tracker = T.TagTracker(visited={T.start_location(first)} - {None})
+    score, pairs = 0.0, []
+    plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
+    for step in plan[:max_turns]:
+        text = random_action(rng, vocab, objects) if step is None else None
+        if text is None:   # the gold action: step it, then pick its tag from what it did
+            observation, new_score, completed = worker.step(step)
+            text = f"{correct_tag(tracker, step, observation)} {step}"
+        else:
+            tag, action = T.split_tag(text)
+            observation, new_score, completed = worker.step(action)
+        tag, action = T.split_tag(text)
+        T.score_step(tracker, tag, action, observation, new_score > score)
+        score = new_score
+        action_ids = _ids(vocab.encode(text, action_length), vocab)
+        if len(vocab.tokens(text)) < action_length:
+            prompt = task_ids + [i for action_part, obs_part in slots for i in action_part + obs_part]
+            pairs.append((vocab.decode(prompt), vocab.decode(action_ids)))
+        slots = slots[1:] + [(action_ids, _ids(vocab.encode(observation, obs_length), vocab))]
+        if completed:
+            break
+    return pairs
+
+
+def _ids(row: np.ndarray, vocab: Vocabulary) -> list[int]:
+    return [int(i) for i in row if i != vocab.pad_id]

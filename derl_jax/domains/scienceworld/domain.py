@@ -1,0 +1,181 @@
+"""The `scienceworld` domain: ScienceWorld's engine as a multi-turn ("env") domain on the host.
+
+Config block `domain` (configs/scienceworld.py):
+  kind="scienceworld"; tasks: ScienceWorld task names; level: "L0" | "L1" | "L2" (splits.py);
+  held_out_tasks: the tasks L2 evaluates on (and does not train on); num_train / num_test:
+  variations per task for training / evaluation; simplifications: the engine's ("easy");
+  max_turns per episode; history: the prompt window W; obs_length / action_length: words per
+  observation / action; description_length: words of the task description in the task prompt;
+  num_workers: JVMs (each holds many games, see env.py).
+Policy block options read by the warm-start corpus: sft_perturb_rate (share of harmless random
+actions mixed into the gold paths, default 0.3).
+
+Building the domain starts the JVMs and surveys every split row once (description, first
+observation, the engine's words; the gold path's observations for training rows): the word
+vocabulary is the words met there (`vocab.Vocabulary`), so it depends only on the engine and
+the config. A split is a TokenDataset: prompts = <bos> + the variation's task description
+(left padded), context = {"task": i32[M] (index into domain.tasks), "variation": i32[M]}.
+Primitives: the agent family (outcome, phase_first, phase_middle, phase_last), outcome first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+
+import primitives.agent  # noqa: F401  (registers the agent primitives)
+from derl_jax.config import ConfigError, InputError, choice, config_value, int_at_least, is_number
+from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.scienceworld import corpus as sw_corpus
+from derl_jax.domains.scienceworld.engine import require_engine
+from derl_jax.domains.scienceworld.splits import LEVELS, level_split
+from derl_jax.domains.scienceworld.vocab import Vocabulary, words
+from primitives import registry
+from primitives.agent import AGENT_PRIMITIVES
+
+DEFAULT_PERTURB_RATE = 0.3
+SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
+                   "noElectricalAction")
+
+
+def survey_row(worker, task: str, variation: int, simplifications: str, gold: bool) -> tuple[str, set[str]]:
+    """(task description, words met) of one task variation: its description, first observation
+    and the engine's object and action words, and with `gold` every observation of its gold path."""
+    worker.load(task, variation, simplifications, gold_path=gold)
+    description = worker.task_description()
+    met = set(words(description)) | set(words(worker.reset(describe_task=False)))
+    for phrase in worker.vocabulary():
+        met.update(words(phrase))
+    for action in worker.gold_actions() if gold else ():
+        met.update(words(action))
+        met.update(words(worker.step(action)[0]))
+    return description, met
+
+
+def make_dataset(descriptions: Sequence[str], rows: dict[str, np.ndarray], vocab: Vocabulary,
+                 description_length: int) -> TokenDataset:
+    """prompts i32[M, D+1] (<bos> + description, left padded), context {"task", "variation"} i32[M]."""
+    cut = [vocab.decode(vocab.tokens(text)[:description_length]) for text in descriptions]
+    prompts, mask = vocab.encode_batch(cut, description_length + 1, left_pad=True, add_bos=True)
+    return TokenDataset(prompts=prompts, prompt_mask=mask,
+                        context={"task": np.asarray(rows["task"], np.int32), "variation": np.asarray(rows["variation"], np.int32)})
+
+
+def make_scienceworld_domain(cfg: Any) -> Domain:
+    """The ScienceWorld Domain of config block `cfg` (`config.domain`); starts the JVMs."""
+    from derl_jax.domains.scienceworld.env import ScienceWorldEnv
+
+    tasks, simplifications = tuple(cfg.tasks), str(cfg.simplifications)
+    env = ScienceWorldEnv(tasks, int(cfg.num_workers), vocab=Vocabulary((), tasks), obs_length=int(cfg.obs_length),
+                          action_length=int(cfg.action_length), max_turns=int(cfg.max_turns),
+                          simplifications=simplifications, describe_task=False)
+    atexit.register(env.close)
+    try:
+        train, test = level_split(env.workers[0], tasks, str(cfg.level), tuple(cfg.get("held_out_tasks", ())),
+                                  int(cfg.num_train), int(cfg.num_test))
+        rows = [(int(t), int(v), True) for t, v in zip(train["task"], train["variation"])]
+        rows += [(int(t), int(v), False) for t, v in zip(test["task"], test["variation"])]
+        surveyed = env._per_worker(lambda b: survey_row(env.workers[b % len(env.workers)], tasks[rows[b][0]],
+                                                        rows[b][1], simplifications, rows[b][2]),
+                                   [b % len(env.workers) for b in range(len(rows))])
+    except BaseException:
+        env.close()
+        raise
+    env.vocab = Vocabulary(set().union(*(met for _, met in surveyed)), tasks)
+    descriptions = [description for description, _ in surveyed]
+    length = int(cfg.description_length)
+    domain = Domain(
+        name="scienceworld",
+        primitives=registry.resolve("agent", AGENT_PRIMITIVES),
+        outcome_index=0,
+        train=make_dataset(descriptions[:len(train["task"])], train, env.vocab, length),
+        test=make_dataset(descriptions[len(train["task"]):], test, env.vocab, length),
+        tokenizer=env.vocab,
+        max_new_tokens=env.action_length,
+        eos_id=env.vocab.eos_id,
+        pad_id=env.vocab.pad_id,
+        rollout="env",
+        env=env,
+        history=int(cfg.history),
+        info={"level": str(cfg.level), "tasks": list(tasks), "held_out_tasks": list(cfg.get("held_out_tasks", ())),
+              "train_variations": {k: v.tolist() for k, v in train.items()},
+              "test_variations": {k: v.tolist() for k, v in test.items()},
+              "vocab_size": env.vocab.vocab_size, "description_length": length},
+    )
+    return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                      ) -> list[tuple[str, str]]:
+    """(prompt, completion) texts: every turn of the perturbed gold path (corpus.py) of each training
+    row except `holdout_rows`. Prompts carry no <bos> (the encoder adds it), completions no <eos>."""
+    options = {} if options is None else options
+    rate = float(options.get("sft_perturb_rate", DEFAULT_PERTURB_RATE))
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"config.policy.sft_perturb_rate must be in [0, 1], got {rate}")
+    env, context = domain.env, domain.train.context
+    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    keep = [row for row in range(domain.train.size) if row not in held_out]
+    if not keep:
+        raise ValueError("scienceworld corpus: no training rows are left for the supervised corpus")
+    settings = dict(description_length=int(domain.info["description_length"]), obs_length=env.obs_length,
+                    action_length=env.action_length, window=domain.history, max_turns=env.max_turns,
+                    simplifications=env.simplifications)
+
+    def play(b: int) -> list[tuple[str, str]]:
+        row = keep[b]
+        return sw_corpus.play(env.workers[b % len(env.workers)], env.task_names[int(context["task"][row])],
+                              int(context["variation"][row]), int(seed), rate, env.vocab, **settings)
+
+    episodes = env._per_worker(play, [b % len(env.workers) for b in range(len(keep))])
+    return [pair for episode in episodes for pair in episode]
+
+
+def validate_scienceworld_config(cfg: Any) -> None:
+    """Raise ConfigError naming the first bad field of `config.domain`; InputError saying what to
+    install when Java or the scienceworld package is missing (before anything starts)."""
+    choice(cfg, "domain.level", LEVELS)
+    for field, least in (("num_train", 1), ("num_test", 1), ("max_turns", 1), ("history", 1), ("obs_length", 8),
+                         ("action_length", 4), ("description_length", 8), ("num_workers", 1)):
+        int_at_least(cfg, f"domain.{field}", least)
+    tasks = config_value(cfg, "domain.tasks")
+    if isinstance(tasks, str) or not tasks or not all(isinstance(t, str) for t in tasks) or len(set(tasks)) != len(tasks):
+        raise ConfigError(f"config.domain.tasks must be a tuple of distinct ScienceWorld task names, got {tasks!r}")
+    simplifications = config_value(cfg, "domain.simplifications")
+    if not isinstance(simplifications, str) or any(s not in SIMPLIFICATIONS for s in simplifications.split(",") if s):
+        raise ConfigError(f"config.domain.simplifications must be comma-separated names of {SIMPLIFICATIONS}, "
+                          f"got {simplifications!r}")
+    held_out = tuple(config_value(cfg, "domain").get("held_out_tasks", ()))
+    outside = [t for t in held_out if t not in tasks]
+    if outside:
+        raise ConfigError(f"config.domain.held_out_tasks {outside} are not in config.domain.tasks")
+    if cfg.domain.level == "L2" and not 0 < len(held_out) < len(tasks):
+        raise ConfigError("config.domain.held_out_tasks must name some but not all of config.domain.tasks for level L2")
+    trained = len(tasks) - (len(held_out) if cfg.domain.level == "L2" else 0)
+    if trained * int(cfg.domain.num_train) < 5:
+        raise ConfigError(f"config.domain.num_train x training tasks must be >= 5 (the 8:2 inner-train/validation "
+                          f"cut), got {int(cfg.domain.num_train)} x {trained}")
+    rate = config_value(cfg, "policy").get("sft_perturb_rate", DEFAULT_PERTURB_RATE)
+    if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
+        raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
+    if str(config_value(cfg, "policy").get("checkpoint", "") or "").strip():
+        raise ConfigError("config.policy.checkpoint: the scienceworld domain's observations and actions are ids of "
+                          "its word vocabulary; a Hugging Face policy needs its tokenizer's ids (not supported yet)")
+    try:
+        require_engine()
+    except InputError as err:
+        raise InputError(f"config.domain.kind='scienceworld': {err}") from None
+    from scienceworld.constants import ID2TASK
+
+    unknown = [t for t in tasks if t not in ID2TASK.values()]
+    if unknown:
+        raise ConfigError(f"config.domain.tasks: unknown ScienceWorld tasks {unknown}; known: {', '.join(ID2TASK.values())}")
+
+
+register_domain(DomainSpec(name="scienceworld", build=lambda cfg: make_scienceworld_domain(cfg.domain),
+                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config))
