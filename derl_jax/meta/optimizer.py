@@ -73,6 +73,7 @@ from derl_jax.expr.grammar import Grammar
 from derl_jax.meta.corpus import cold_start_corpus
 from derl_jax.meta.meta_model import constrained_decode, constrained_logprobs, hf_backbone, scratch_backbone
 from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS, GRPOConfig, group_advantages, grpo_update, make_optimizer
+from derl_jax.rl.placement import place_params
 
 BACKBONES = ("scratch", "hf")
 PARAM_DTYPES = ("float32", "bfloat16")
@@ -235,7 +236,11 @@ class MetaOptimizer:
     checkpoint and tokenizer here, once.
     """
 
-    def __init__(self, cfg: Any, grammar: Grammar):
+    def __init__(self, cfg: Any, grammar: Grammar, mesh: Any = None):
+        """mesh: a ('cand', 'data', 'model') mesh (`derl_jax.parallel.make_mesh`) to hold the
+        backbone on, its weights split over 'model' as the inner loop's policy is (for a
+        backbone larger than one device); sampling and updates then run as sharded steps.
+        None: the default device."""
         if not isinstance(grammar, Grammar):
             raise TypeError(f"MetaOptimizer: grammar must be a derl_jax.expr.grammar.Grammar, got {type(grammar).__name__}")
         self.config = MetaConfig.from_config(cfg)
@@ -249,6 +254,11 @@ class MetaOptimizer:
         self._update_fn = jax.jit(self._update)
         self._cold_start_fn = jax.jit(self._cold_start, static_argnames=("steps",))
         self._logprob_fn = jax.jit(self._logprobs)
+        self.mesh = mesh
+
+    def place(self, params: Any) -> Any:
+        """`params` on `self.mesh` by the transformer's sharding metadata (unchanged without a mesh)."""
+        return params if self.mesh is None else place_params(params, self.mesh)
 
     # --------------------------------------------------------------- corpus and cold start
 
@@ -332,7 +342,8 @@ class MetaOptimizer:
         """Initial parameters (random for scratch, the checkpoint for hf), then the cold-start
         SFT; the result is both `params` and the frozen `ref_params`. Deterministic in `key`."""
         param_key, sft_key = jax.random.split(key)
-        params, _ = self.cold_start(self.backbone.initial_params(param_key), sft_key)
+        params, _ = self.cold_start(self.place(self.backbone.initial_params(param_key)), sft_key)
+        params = self.place(params)
         return MetaState(params=params, opt_state=self.optimizer.init(params), ref_params=params,
                          step=jnp.zeros((), jnp.int32))
 
@@ -424,4 +435,5 @@ class MetaOptimizer:
             "old_logp": self._logprob_fn(state.params, tokens, mask, allowed, temperature),
             "ref_logp": self._logprob_fn(state.ref_params, tokens, mask, allowed, temperature),
         }
-        return self._update_fn(state, batch, jnp.asarray(values))
+        new_state, metrics = self._update_fn(state, batch, jnp.asarray(values))
+        return new_state.replace(params=self.place(new_state.params)), metrics
