@@ -37,7 +37,6 @@ def test_registered_with_the_agent_primitives():
     ("domain.simplifications", "easy,fast", "config.domain.simplifications"),
     ("domain.obs_length", 4, "config.domain.obs_length"),
     ("policy.sft_perturb_rate", 1.5, "config.policy.sft_perturb_rate"),
-    ("policy.checkpoint", "/models/x", "config.policy.checkpoint"),
 ])
 def test_bad_fields_are_named(field, value, message):
     cfg = sw_config.get_config("tiny")
@@ -63,6 +62,13 @@ def test_presets_carry_the_paper_settings():
     pop = sw_config.get_config("derl_pop")
     assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (3, 33, ("derl_pop",))
     assert len(cfg.domain.tasks) == 30 and set(cfg.domain.held_out_tasks) < set(cfg.domain.tasks)
+    from derl_jax.meta.strategies import validate_config
+
+    for preset in ("default", "derl_pop", "tiny"):
+        validate(sw_config.get_config(preset)), validate_config(sw_config.get_config(preset))
+    l2 = sw_config.get_config()
+    l2.domain.level = "L2"
+    validate(l2)
 
 
 def test_missing_java_fails_before_anything_starts(monkeypatch, tmp_path):
@@ -73,6 +79,42 @@ def test_missing_java_fails_before_anything_starts(monkeypatch, tmp_path):
     with pytest.raises(InputError, match=r"^config.domain.kind='scienceworld': ScienceWorld needs Java.*openjdk") as err:
         launcher.run(sw_config.get_config("tiny"), str(tmp_path / "run"), "final", "g1", progress=False)
     assert "\n" not in str(err.value) and not started and not (tmp_path / "run").exists()
+
+
+def test_missing_checkpoint_directory_fails_before_anything_starts(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr("derl_jax.domains.scienceworld.env.ScienceWorldEnv.__init__",
+                        lambda self, *a, **k: started.append(1))
+    cfg = sw_config.get_config("tiny")
+    cfg.policy.checkpoint = str(tmp_path / "no-such-model")
+    with pytest.raises(InputError, match="no-such-model") as err:
+        launcher.run(cfg, str(tmp_path / "run"), "final", "g1", progress=False)
+    assert "\n" not in str(err.value) and not started
+
+
+def test_a_hugging_face_tokenizer_as_the_token_table():
+    from derl_jax.domains.scienceworld.env import ScienceWorldEnv
+    from derl_jax.domains.scienceworld.subword import SubwordTable
+    from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
+
+    hf = HFTokenizer.from_directory(bundled_qwen_tokenizer_dir())
+    table = SubwordTable(hf)
+    ids = table.encode("plan open door to kitchen", 12)
+    assert ids.tolist() == hf.encode("plan open door to kitchen") + [hf.pad_id] * (12 - len(hf.encode("plan open door to kitchen")))
+    assert table.decode(ids) == "plan open door to kitchen" and table.decode([*ids[:3], hf.eos_id, *ids[3:]]) == hf.decode(ids[:3])
+    batch, mask = table.encode_batch(["go to kitchen"], 8, left_pad=True, add_bos=True)
+    assert batch[0, mask[0]].tolist() == hf.encode("go to kitchen") and not mask[0, 0]
+    # the engine plays a gold path written in the policy's tokens
+    engine.require_engine()
+    with ScienceWorldEnv(["find-non-living-thing"], num_workers=1, vocab=table, obs_length=64, action_length=24,
+                         max_turns=5) as env:
+        obs, states = env.reset(np.zeros((1, 2), np.uint32), {"task": np.zeros(1, np.int32), "variation": np.array([4], np.int32)})
+        assert "this room is called the" in table.decode(obs[0]).lower()
+        gold = ["plan open door to kitchen", "explore go to kitchen", "plan look around", "act focus on table",
+                "plan move table to yellow box"]
+        for text in gold:
+            obs, states, reward, done, info = env.step(states, table.encode(text, env.action_length)[None])
+        assert done.tolist() == [True] and info["success"].tolist() == [1.0]
 
 
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):

@@ -36,7 +36,7 @@ def random_action(rng: np.random.Generator, vocab: Vocabulary, objects: Sequence
     elif kind == 1:
         action = HARMLESS[rng.integers(len(HARMLESS))]
     else:  # words the engine cannot parse as an action
-        action = f"xyzzy {vocab.words[rng.integers(len(vocab.words) - 1) + 1]}"
+        action = f"xyzzy {objects[rng.integers(len(objects))] if objects else 'xyzzy'}"
     return f"{tag} {action}"
 
 

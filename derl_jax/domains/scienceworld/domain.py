@@ -7,6 +7,8 @@ Config block `domain` (configs/scienceworld.py):
   max_turns per episode; history: the prompt window W; obs_length / action_length: words per
   observation / action; description_length: words of the task description in the task prompt;
   num_workers: JVMs (each holds many games, see env.py).
+Token ids: with `config.policy.tokenizer` or `config.policy.checkpoint` (a local Hugging Face
+directory) the policy's own tokenizer (subword.py); otherwise the word vocabulary below.
 Policy block options read by the warm-start corpus: sft_perturb_rate (share of harmless random
 actions mixed into the gold paths, default 0.3).
 
@@ -66,8 +68,16 @@ def make_dataset(descriptions: Sequence[str], rows: dict[str, np.ndarray], vocab
                         context={"task": np.asarray(rows["task"], np.int32), "variation": np.asarray(rows["variation"], np.int32)})
 
 
-def make_scienceworld_domain(cfg: Any) -> Domain:
-    """The ScienceWorld Domain of config block `cfg` (`config.domain`); starts the JVMs."""
+def tokenizer_directory(cfg: Any) -> str:
+    """The policy's tokenizer directory: policy.tokenizer, else policy.checkpoint ("" = word vocabulary)."""
+    policy = config_value(cfg, "policy")
+    return str(policy.get("tokenizer", "") or "").strip() or str(policy.get("checkpoint", "") or "").strip()
+
+
+def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
+    """The ScienceWorld Domain of config block `cfg` (`config.domain`); starts the JVMs. Token ids
+    are the policy's tokenizer's when `tokenizer_dir` names one (subword.py), else the word
+    vocabulary built from the survey."""
     from derl_jax.domains.scienceworld.env import ScienceWorldEnv
 
     tasks, simplifications = tuple(cfg.tasks), str(cfg.simplifications)
@@ -86,7 +96,13 @@ def make_scienceworld_domain(cfg: Any) -> Domain:
     except BaseException:
         env.close()
         raise
-    env.vocab = Vocabulary(set().union(*(met for _, met in surveyed)), tasks)
+    if tokenizer_dir:
+        from derl_jax.domains.scienceworld.subword import SubwordTable
+        from derl_jax.models.hf_tokenizer import HFTokenizer
+
+        env.vocab = SubwordTable(HFTokenizer.from_directory(tokenizer_dir), tasks)
+    else:
+        env.vocab = Vocabulary(set().union(*(met for _, met in surveyed)), tasks)
     descriptions = [description for description, _ in surveyed]
     length = int(cfg.description_length)
     domain = Domain(
@@ -163,9 +179,6 @@ def validate_scienceworld_config(cfg: Any) -> None:
     rate = config_value(cfg, "policy").get("sft_perturb_rate", DEFAULT_PERTURB_RATE)
     if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
         raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
-    if str(config_value(cfg, "policy").get("checkpoint", "") or "").strip():
-        raise ConfigError("config.policy.checkpoint: the scienceworld domain's observations and actions are ids of "
-                          "its word vocabulary; a Hugging Face policy needs its tokenizer's ids (not supported yet)")
     try:
         require_engine()
     except InputError as err:
@@ -177,5 +190,5 @@ def validate_scienceworld_config(cfg: Any) -> None:
         raise ConfigError(f"config.domain.tasks: unknown ScienceWorld tasks {unknown}; known: {', '.join(ID2TASK.values())}")
 
 
-register_domain(DomainSpec(name="scienceworld", build=lambda cfg: make_scienceworld_domain(cfg.domain),
+register_domain(DomainSpec(name="scienceworld", build=lambda cfg: make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg)),
                            primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config))
