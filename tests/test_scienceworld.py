@@ -185,3 +185,32 @@ def test_level_splits_use_the_engine_variation_lists():
         level_split(_FakeWorker(), names, "L1", held_out=("freeze",))
     with pytest.raises(ValueError, match="level must be one of"):
         level_split(_FakeWorker(), names, "L3")
+
+
+def test_more_episodes_than_jvms_each_in_its_own_game(scienceworld):
+    """Three episodes on one JVM, stepped in subsets as the inner loop's bridge does (live ones
+    only): each plays exactly as it would alone."""
+    env = scienceworld
+    tasks = {"task": np.zeros(3, np.int32), "variation": np.array([0, 4, 0], np.int32)}
+
+    def play_alone(variation, texts):
+        obs, states = env.reset(np.zeros((1, 2), np.uint32), {"task": np.zeros(1, np.int32),
+                                                             "variation": np.array([variation], np.int32)})
+        seen = [env.vocab.decode(obs[0])]
+        for text in texts:
+            obs, states, *_ = env.step(states, _actions(env, [text]))
+            seen.append(env.vocab.decode(obs[0]))
+        return seen
+
+    moves = [["plan open door to kitchen", "explore go to kitchen"], ["act look around", "explore go to kitchen"],
+             ["plan xyzzy", "reflect open door to kitchen"]]
+    alone = [play_alone(v, m) for v, m in zip(tasks["variation"].tolist(), moves)]
+    obs, states = env.reset(np.zeros((3, 2), np.uint32), tasks)
+    together = [[env.vocab.decode(o)] for o in obs]
+    for turn in range(2):
+        for rows in ([2], [0, 1]):   # a subset first, then the others: the order of calls must not matter
+            out = env.step([states[r] for r in rows], _actions(env, [moves[r][turn] for r in rows]))
+            for i, r in enumerate(rows):
+                together[r].append(env.vocab.decode(out[0][i]))
+    assert together == alone
+    assert len({id(s.game) for s in states}) == 3 and {s.worker for s in states} == {0}
