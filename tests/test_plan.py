@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from derl_jax.models import attention
 from derl_jax.models import transformer as tr
 from derl_jax.plan import analytic, compiled, report, roofline
 from derl_jax.plan.analytic import RunShape
@@ -36,8 +37,8 @@ def test_parameter_optimizer_and_cache_bytes_are_exact(config):
         state = make_optimizer(GRPOConfig(optimizer=optimizer, weight_decay=0.0)).init(params)
         assert analytic.optimizer_bytes(config, optimizer) == nbytes(state), optimizer
     for batch, length in ((3, 7), (8, 33)):
-        assert analytic.kv_cache_bytes(config, batch, length) == nbytes(tr.init_head_major_cache(config, batch, length))
-        assert analytic.kv_cache_bytes(config, batch, length) == nbytes(tr.init_cache(config, batch, length))
+        assert analytic.kv_cache_bytes(config, batch, length) == nbytes(attention.init_head_major_cache(config, batch, length))
+        assert analytic.kv_cache_bytes(config, batch, length) == nbytes(attention.init_cache(config, batch, length))
 
 
 def test_model_axis_split_matches_the_partition_specs():

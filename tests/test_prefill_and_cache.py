@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from derl_jax.models import attention
 from derl_jax.models import sampling as sm
 from derl_jax.models import transformer as tr
 from derl_jax.rl import grpo
@@ -39,7 +40,7 @@ def _full_forward_logprobs(graphdef, params, prompts, prompt_mask, completions, 
 
 def test_rotary_tables_are_the_cosines_and_sines_of_the_repeated_angles():
     positions = jnp.asarray(np.random.default_rng(2).integers(0, 100, (3, 7)), jnp.int32)
-    cos, sin = jax.jit(tr.rotary_tables, static_argnums=(1, 2))(positions, 16, 10000.0)
+    cos, sin = jax.jit(attention.rotary_tables, static_argnums=(1, 2))(positions, 16, 10000.0)
     inv_freq = 1.0 / (10000.0 ** (np.arange(0, 16, 2) / 16))
     angles = np.asarray(positions, np.float64)[..., None] * np.concatenate([inv_freq, inv_freq])
     np.testing.assert_allclose(np.asarray(cos), np.cos(angles), atol=1e-5)
@@ -54,7 +55,7 @@ def test_head_major_cache_decodes_like_the_kv_cache_and_the_full_forward(model):
     positions = jnp.broadcast_to(jnp.arange(total), (batch, total))
     full, _ = tr.apply(graphdef, params, tokens, positions)
     forward = jax.jit(tr.apply, static_argnums=0)
-    caches = {"kv": tr.init_cache(config, batch, total), "head_major": tr.init_head_major_cache(config, batch, total)}
+    caches = {"kv": attention.init_cache(config, batch, total), "head_major": attention.init_head_major_cache(config, batch, total)}
     assert caches["head_major"].length == total and caches["head_major"].k[0].shape == (batch, 2, total, 8)
     logits = {}
     for name, cache in caches.items():

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx, traverse_util
 from jax.sharding import AxisType, PartitionSpec
 
+from derl_jax.models import attention
 from derl_jax.models import transformer as tr
 
 
@@ -154,7 +155,7 @@ def test_cached_decode_matches_full_forward_at_every_step():
     causal = np.tril(np.ones((total, total), bool))[None].repeat(batch, 0)
     full = _numpy_forward(config, params, np.asarray(tokens), np.asarray(positions), causal)
 
-    cache = tr.init_cache(config, batch, total)
+    cache = attention.init_cache(config, batch, total)
     assert cache.k.shape == (config.num_layers, batch, total, 1, config.head_dim)
     prefill, cache = _forward(graphdef, params, tokens[:, :prompt_len], positions[:, :prompt_len],
                               None, cache, 0)
@@ -249,4 +250,4 @@ def test_bad_shapes_are_named(model):
     with pytest.raises(ValueError, match="attention_mask must be"):
         tr.apply(graphdef, params, tokens, tokens, jnp.ones((2, 3, 5), bool))
     with pytest.raises(ValueError, match="cache k has shape"):
-        tr.apply(graphdef, params, tokens, tokens, None, tr.init_cache(config, 3, 8), 0)
+        tr.apply(graphdef, params, tokens, tokens, None, attention.init_cache(config, 3, 8), 0)

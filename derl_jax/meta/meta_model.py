@@ -28,12 +28,11 @@ from derl_jax.meta.hf_constraint import (
     max_completion_tokens,
     tokenizer_token_table,
 )
+from derl_jax.models.attention import KVCache, init_cache
 from derl_jax.models.transformer import (
-    KVCache,
     ModelConfig,
     abstract_model,
     apply_hidden,
-    init_cache,
     init_params,
     merge_model,
     tiny_config,

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from derl_jax.models.transformer import HeadMajorCache, apply_hidden, apply_logits, config_of, init_head_major_cache
+from derl_jax.models.attention import HeadMajorCache, init_head_major_cache
+from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
 
 
 @runtime_checkable

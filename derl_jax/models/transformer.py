@@ -9,7 +9,8 @@ Every projection runs as one 2-D matmul over the flattened tokens, q/k/v and gat
 one matmul with their kernels side by side, and attention runs head-major (batched matmuls over
 rows and key/value heads): few, transpose-free kernels, which is what tiny models on CPU need.
 The key/value cache is a `KVCache` ([L, B, S, K, Dh]) or a `HeadMajorCache` (per layer
-[B, K, S, Dh], what `sampling` decodes with).
+[B, K, S, Dh], what `sampling` decodes with); both, and the attention arithmetic, live in
+`derl_jax.models.attention`.
 
 Shapes: B batch, T query tokens, S key positions (cache length, or T without a cache),
 D hidden size, H query heads, K key/value heads, Dh head size, F MLP width, V vocabulary,
@@ -47,13 +48,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct, traverse_util
+from flax import nnx, traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from derl_jax.models.attention import (
+    MASKED_SCORE, Cache, HeadMajorCache, apply_rotary, attend, causal_mask, rotary_tables, write_cache)
 
 MODEL_AXIS = "model"
 INIT_STDDEV = 0.02
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_MASKED_SCORE = float(np.finfo(np.float32).min)
 
 
 def default_compute_dtype() -> str:
@@ -162,70 +165,6 @@ def qwen2_5_3b(dtype: str | None = None, param_dtype: str = "float32", remat: bo
     return _qwen2_5(2048, 11008, 36, 16, dtype, param_dtype, remat)
 
 
-@struct.dataclass
-class KVCache:
-    """Static-size key/value cache of every layer.
-
-    k, v: [L, B, S, K, Dh] in the compute dtype. Position s of the cache holds the keys and
-    values written by the forward call whose `cache_index` range covered s; which positions a
-    query may read is decided by the attention mask, never by the cache itself.
-    """
-
-    k: jax.Array
-    v: jax.Array
-
-    @property
-    def length(self) -> int:
-        """S, the number of key positions."""
-        return int(self.k.shape[2])
-
-
-def init_cache(config: ModelConfig, batch_size: int, length: int, dtype: Any = None) -> KVCache:
-    """Zero KVCache with k, v: [L, batch_size, length, K, Dh]."""
-    shape = (config.num_layers, batch_size, length, config.num_kv_heads, config.head_dim)
-    dtype = dtype or config.compute_dtype
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
-
-
-@struct.dataclass
-class HeadMajorCache:
-    """A KV cache laid out for decoding: k, v are tuples of L arrays [B, K, S, Dh], one per
-    layer, so attention reads each head's keys as they are stored (a `KVCache` is transposed
-    on every read) and each layer's write touches only its own buffer. Same semantics as
-    `KVCache`; `Transformer` accepts either.
-    """
-
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
-
-    @property
-    def length(self) -> int:
-        """S, the number of key positions."""
-        return int(self.k[0].shape[2])
-
-    @property
-    def batch_size(self) -> int:
-        """B, the number of rows."""
-        return int(self.k[0].shape[0])
-
-    def repeat(self, times: int) -> "HeadMajorCache":
-        """Every row repeated `times` times, copies adjacent ([B, ...] -> [B*times, ...])."""
-        def rows(arrays):
-            return tuple(jnp.repeat(a, times, axis=0) for a in arrays)
-        return HeadMajorCache(k=rows(self.k), v=rows(self.v))
-
-
-def init_head_major_cache(config: ModelConfig, batch_size: int, length: int, dtype: Any = None) -> HeadMajorCache:
-    """Zero HeadMajorCache: per layer k, v [batch_size, K, length, Dh]."""
-    shape = (batch_size, config.num_kv_heads, length, config.head_dim)
-    dtype = dtype or config.compute_dtype
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-    return HeadMajorCache(k=zeros, v=zeros)
-
-
-Cache = KVCache | HeadMajorCache
-
-
 def _param(shape: tuple[int, ...], dtype: Any, sharding: tuple, fill: float = 0.0) -> nnx.Param:
     """A parameter filled with `fill` (Transformer.__init__ then draws the random ones)."""
     return nnx.Param(jnp.full(shape, fill, dtype), sharding=sharding, eager_sharding=False)
@@ -271,29 +210,6 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
 
 
-def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin): f32[B, T, Dh] for integer positions i32[B, T], frequencies repeated twice.
-
-    The repetition is a matmul with [I I] (exact at HIGHEST precision): a matmul output is
-    materialised, so each cosine and sine is evaluated once instead of inside every fused
-    loop that reads the tables (per head, forward and backward; scalar libm calls on CPU).
-    """
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq
-    halves = jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-2)  # [B, T, 2, Dh/2]
-    repeat = jnp.tile(jnp.eye(head_dim // 2, dtype=jnp.float32), (1, 2))  # [Dh/2, Dh]
-    tables = jnp.einsum("btch,hd->btcd", halves, repeat, precision=jax.lax.Precision.HIGHEST)
-    return tables[..., 0, :], tables[..., 1, :]
-
-
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate x[B, T, heads, Dh] by the tables f32[B, T, Dh] (rotate-half convention)."""
-    x32 = x.astype(jnp.float32)
-    first, second = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-second, first], axis=-1)
-    return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
-
-
 class Attention(nnx.Module):
     """Grouped-query self-attention with rotary embedding and an optional KV cache."""
 
@@ -322,63 +238,8 @@ class Attention(nnx.Module):
         qkv = project(x, kernel, bias, x.dtype).reshape(batch, length, h + 2 * kv, self.head_dim)
         qk, v = jnp.split(qkv, [h + kv], axis=2)
         q, k = jnp.split(apply_rotary(qk, cos, sin), [h], axis=2)
-        if isinstance(cache, HeadMajorCache):
-            cache, k, v = _write_head_major(cache, _heads_first(k), _heads_first(v), cache_index, layer_index)
-        else:
-            if cache is not None:
-                zero = jnp.zeros((), jnp.int32)
-                start = (jnp.asarray(layer_index, jnp.int32), zero, cache_index, zero, zero)
-                cache = KVCache(
-                    k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
-                    v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
-                k, v = cache.k[layer_index].astype(x.dtype), cache.v[layer_index].astype(x.dtype)
-            k, v = _heads_first(k), _heads_first(v)
+        cache, k, v = write_cache(cache, k, v, cache_index, layer_index)
         return self.o_proj(attend(q, k, v, score_bias)), cache
-
-
-def _heads_first(x: jax.Array) -> jax.Array:
-    """[B, T, heads, Dh] -> [B, heads, T, Dh]."""
-    return x.transpose(0, 2, 1, 3)
-
-
-def _write_head_major(cache: HeadMajorCache, k: jax.Array, v: jax.Array, cache_index: jax.Array,
-                      layer_index: int) -> tuple[HeadMajorCache, jax.Array, jax.Array]:
-    """Write k, v[B, K, T, Dh] at positions [cache_index, cache_index + T) of layer
-    `layer_index` -> (cache, that layer's keys and values [B, K, S, Dh])."""
-    zero = jnp.zeros((), jnp.int32)
-    start = (zero, zero, cache_index, zero)
-    layer_k = jax.lax.dynamic_update_slice(cache.k[layer_index], k.astype(cache.k[layer_index].dtype), start)
-    layer_v = jax.lax.dynamic_update_slice(cache.v[layer_index], v.astype(cache.v[layer_index].dtype), start)
-
-    def replaced(arrays, new):
-        return arrays[:layer_index] + (new,) + arrays[layer_index + 1:]
-
-    cache = HeadMajorCache(k=replaced(cache.k, layer_k), v=replaced(cache.v, layer_v))
-    return cache, layer_k.astype(k.dtype), layer_v.astype(v.dtype)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array) -> jax.Array:
-    """Grouped-query attention: q[B, T, H, Dh], head-major k, v[B, K, S, Dh], score_bias
-    f32[B, T, S] -> [B, T, H*Dh]. Query head j reads key/value head j // (H / K).
-
-    The G = H / K query heads of one key/value head are stacked along the query axis, so
-    scores and outputs are single batched matmuls over (B, K)."""
-    batch, length, heads, head_dim = q.shape
-    kv_heads, key_length = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    q = q.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(batch, kv_heads, group * length, head_dim)
-    scale = head_dim ** -0.5
-    exact = math.frexp(scale)[0] == 0.5  # a power of two: scaling q first changes no bit
-    scores = jnp.einsum("bkqd,bksd->bkqs", q * scale if exact else q, k, preferred_element_type=jnp.float32)
-    scores = scores.reshape(batch, kv_heads, group, length, key_length)
-    if not exact:
-        scores = scores * scale
-    scores = scores + score_bias[:, None, None, :, :]
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    probs = probs.reshape(batch, kv_heads, group * length, key_length)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(batch, kv_heads, group, length, head_dim)
-    return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads * head_dim)
 
 
 class MLP(nnx.Module):
@@ -426,13 +287,6 @@ def _run_layer(layer: DecoderLayer, x, cos, sin, score_bias, cache, cache_index,
 
 
 _run_layer_remat = nnx.remat(_run_layer, static_argnums=(7,))
-
-
-def causal_mask(batch_size: int, length: int, cache_length: int, cache_index: jax.Array) -> jax.Array:
-    """bool[B, T, S]: query t (at cache position cache_index + t) sees keys s <= cache_index + t."""
-    query_at = cache_index + jnp.arange(length)[:, None]
-    mask = jnp.arange(cache_length)[None, :] <= query_at
-    return jnp.broadcast_to(mask, (batch_size, length, cache_length))
 
 
 def _initial_values(params: nnx.State, key: jax.Array, max_draw: int = 1 << 27) -> dict:
@@ -521,7 +375,7 @@ class Transformer(nnx.Module):
             raise ValueError(
                 f"Transformer: attention_mask must be [B, T, S] = {(batch, length, key_length)}, "
                 f"got {attention_mask.shape}")
-        score_bias = jnp.where(attention_mask, 0.0, _MASKED_SCORE).astype(jnp.float32)
+        score_bias = jnp.where(attention_mask, 0.0, MASKED_SCORE).astype(jnp.float32)
         cos, sin = rotary_tables(positions, config.head_dim, config.rope_theta)
         x = jnp.take(self.embed.embedding[...], tokens, axis=0).astype(config.compute_dtype)
         run = _run_layer_remat if config.remat else _run_layer

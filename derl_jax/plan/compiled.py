@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from derl_jax.models import attention
 from derl_jax.models import transformer as tr
 from derl_jax.models.sampling import prefill, sample, sequence_logprobs
 from derl_jax.plan import analytic
@@ -204,7 +205,7 @@ def flop_pieces(shape: RunShape, compiler_options: dict | None = None) -> dict[s
         hidden, cache = tr.apply_hidden(forward, params, previous[:, None], positions, mask, cache, write_at)
         return tr.apply_logits(forward, params, hidden[:, 0]), cache
 
-    cache = jax.eval_shape(lambda: tr.init_head_major_cache(config, n, cache_length))
+    cache = jax.eval_shape(lambda: attention.init_head_major_cache(config, n, cache_length))
     i32 = jnp.int32
     flops = {
         "prefill": cost_flops(jax.jit(prefill_piece).lower(params, batch["prompts"], batch["prompt_mask"]).compile(
