@@ -165,3 +165,5 @@ def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
         assert info["step_score"].tolist() == [1.0], f"turn {turn}: {completion!r} is tagged as the rules say"
         window_actions, window_obs = action[:, None], obs[:, None]
     assert done.tolist() == [True] and info["success"].tolist() == [1.0] and math.isclose(info["score"][0], 1.0)
+    env.close()
+    assert env.workers == []

@@ -90,7 +90,7 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
                                   int(cfg.num_train), int(cfg.num_test))
         rows = [(int(t), int(v), True) for t, v in zip(train["task"], train["variation"])]
         rows += [(int(t), int(v), False) for t, v in zip(test["task"], test["variation"])]
-        surveyed = env._per_worker(lambda b: survey_row(env.workers[b % len(env.workers)], tasks[rows[b][0]],
+        surveyed = env.per_worker(lambda b: survey_row(env.workers[b % len(env.workers)], tasks[rows[b][0]],
                                                         rows[b][1], simplifications, rows[b][2]),
                                    [b % len(env.workers) for b in range(len(rows))])
     except BaseException:
@@ -148,7 +148,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
         return sw_corpus.play(env.workers[b % len(env.workers)], env.task_names[int(context["task"][row])],
                               int(context["variation"][row]), int(seed), rate, env.vocab, **settings)
 
-    episodes = env._per_worker(play, [b % len(env.workers) for b in range(len(keep))])
+    episodes = env.per_worker(play, [b % len(env.workers) for b in range(len(keep))])
     return [pair for episode in episodes for pair in episode]
 
 

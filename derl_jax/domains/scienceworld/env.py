@@ -95,10 +95,10 @@ class ScienceWorldEnv:
             episode = Episode(name, int(variations[b]), tracker, b % len(self.workers), games[b])
             return self.vocab.encode(observation, self.obs_length), episode
 
-        started = self._per_worker(start, [b % len(self.workers) for b in range(batch)])
+        started = self.per_worker(start, [b % len(self.workers) for b in range(batch)])
         return np.stack([obs for obs, _ in started]), [episode for _, episode in started]
 
-    def _per_worker(self, fn, worker_of: Sequence[int]) -> list:
+    def per_worker(self, fn, worker_of: Sequence[int]) -> list:
         """[fn(b) for every b], the b of one JVM called in order on that JVM's thread."""
         rows = [[b for b, w in enumerate(worker_of) if w == worker] for worker in range(len(self.workers))]
         done = self._map(lambda own: [(b, fn(b)) for b in own], rows)
@@ -130,7 +130,7 @@ class ScienceWorldEnv:
             valid = float(not T.failed(observation))
             return self.vocab.encode(observation, self.obs_length), reward, step_score, valid
 
-        results = self._per_worker(advance, [episode.worker for episode in states])
+        results = self.per_worker(advance, [episode.worker for episode in states])
         obs = np.stack([r[0] for r in results])
         info = {
             "step_score": np.array([r[2] for r in results], np.float32),
