@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
+from typing import Callable
 
 import numpy as np
 import sympy
 
 from derl_jax.expr.ast import Binary, Call, Expr, Num, Prim, Unary, Var
-from derl_jax.expr.parse import format_number, to_text
+from derl_jax.expr.parse import format_number, parenthesized, to_text
 from derl_jax.expr.vm import evaluate_numpy
 
 SIGNIFICANT_DIGITS = 6
@@ -56,41 +58,54 @@ def _constant(value: float, rational: bool):
     return sympy.Rational(f"{value:.{SIGNIFICANT_DIGITS}g}")
 
 
+_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+def _binary_sympy(op: str, left: sympy.Expr, right: sympy.Expr) -> sympy.Expr:
+    """`left op right` in SymPy; a power of two numbers too large to evaluate exactly is a float power."""
+    if op in _ARITHMETIC:
+        return _ARITHMETIC[op](left, right)
+    if right.is_number and left.is_number and _huge_power(left, right):
+        return sympy.Pow(sympy.Float(left), sympy.Float(right))
+    return sympy.Pow(left, right)
+
+
+def _translate(expr: Expr, constant: Callable[[float], sympy.Expr], symbol: Callable[[str], sympy.Symbol],
+               call: Callable[[Call, list], sympy.Expr]) -> sympy.Expr:
+    """`expr` in SymPy: `constant(value)` for constants, `symbol(name)` for variables and
+    primitives (g1, g2, ...), SymPy arithmetic for operators, `call(node, translated args)` for calls."""
+    def walk(node: Expr) -> sympy.Expr:
+        if isinstance(node, Num):
+            return constant(float(node.value))
+        if isinstance(node, Var):
+            return symbol(node.name)
+        if isinstance(node, Prim):
+            return symbol(f"g{node.index + 1}")
+        if isinstance(node, Unary):
+            return -walk(node.operand)
+        if isinstance(node, Binary):
+            return _binary_sympy(node.op, walk(node.left), walk(node.right))
+        if isinstance(node, Call):
+            return call(node, [walk(a) for a in node.args])
+        raise TypeError(f"not an expression node: {node!r}")
+    return walk(expr)
+
+
+def _sympy_call(node: Call, args: list) -> sympy.Expr:
+    if node.fn == "min":
+        return sympy.Min(*args)
+    if node.fn == "max":
+        return sympy.Max(*args)
+    if node.fn == "abs":
+        return sympy.Abs(args[0])
+    if node.fn == "clip":
+        return sympy.Min(sympy.Max(args[0], args[1]), args[2])
+    raise TypeError(f"not an expression node: {node!r}")
+
+
 def to_sympy(expr: Expr, rational: bool = True) -> sympy.Expr:
     """SymPy expression of `expr` (see the module docstring)."""
-    if isinstance(expr, Num):
-        return _constant(float(expr.value), rational)
-    if isinstance(expr, Var):
-        return _symbol(expr.name)
-    if isinstance(expr, Prim):
-        return _symbol(f"g{expr.index + 1}")
-    if isinstance(expr, Unary):
-        return -to_sympy(expr.operand, rational)
-    if isinstance(expr, Binary):
-        left, right = to_sympy(expr.left, rational), to_sympy(expr.right, rational)
-        if expr.op == "+":
-            return left + right
-        if expr.op == "-":
-            return left - right
-        if expr.op == "*":
-            return left * right
-        if expr.op == "/":
-            return left / right
-        if expr.op == "**":
-            if right.is_number and left.is_number and _huge_power(left, right):
-                return sympy.Pow(sympy.Float(left), sympy.Float(right))
-            return sympy.Pow(left, right)
-    if isinstance(expr, Call):
-        args = [to_sympy(a, rational) for a in expr.args]
-        if expr.fn == "min":
-            return sympy.Min(*args)
-        if expr.fn == "max":
-            return sympy.Max(*args)
-        if expr.fn == "abs":
-            return sympy.Abs(args[0])
-        if expr.fn == "clip":
-            return sympy.Min(sympy.Max(args[0], args[1]), args[2])
-    raise TypeError(f"not an expression node: {expr!r}")
+    return _translate(expr, lambda value: _constant(value, rational), _symbol, _sympy_call)
 
 
 def _huge_power(base, exponent) -> bool:
@@ -245,35 +260,17 @@ def _key_sympy(expr: Expr) -> sympy.Expr:
     Opaque functions keep SymPy's assumption machinery (slow for Min/Max/Abs) out of the
     key computation; only arithmetic is normalised.
     """
-    if isinstance(expr, Num):
-        return _constant(float(expr.value), True)
-    if isinstance(expr, Var):
-        return _plain_symbol(expr.name)
-    if isinstance(expr, Prim):
-        return _plain_symbol(f"g{expr.index + 1}")
-    if isinstance(expr, Unary):
-        return -_key_sympy(expr.operand)
-    if isinstance(expr, Binary):
-        left, right = _key_sympy(expr.left), _key_sympy(expr.right)
-        if expr.op == "+":
-            return left + right
-        if expr.op == "-":
-            return left - right
-        if expr.op == "*":
-            return left * right
-        if expr.op == "/":
-            return left / right
-        if right.is_number and left.is_number and _huge_power(left, right):
-            return sympy.Pow(sympy.Float(left), sympy.Float(right))
-        return sympy.Pow(left, right)
-    if isinstance(expr, Call):
-        args = [sympy.expand(_key_sympy(a)) for a in expr.args]
-        if expr.fn in ("min", "max"):
-            args.sort(key=sympy.default_sort_key)
-        elif expr.fn == "abs" and args[0].could_extract_minus_sign():
-            args[0] = -args[0]
-        return _KEY_FUNCTIONS[expr.fn](*args)
-    raise TypeError(f"not an expression node: {expr!r}")
+    return _translate(expr, lambda value: _constant(value, True), _plain_symbol, _key_call)
+
+
+def _key_call(node: Call, args: list) -> sympy.Expr:
+    """min/max/abs/clip as opaque functions of expanded arguments (see `_key_sympy`)."""
+    args = [sympy.expand(a) for a in args]
+    if node.fn in ("min", "max"):
+        args.sort(key=sympy.default_sort_key)
+    elif node.fn == "abs" and args[0].could_extract_minus_sign():
+        args[0] = -args[0]
+    return _KEY_FUNCTIONS[node.fn](*args)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -327,8 +324,7 @@ def _latex(expr: Expr) -> tuple[str, int]:
 
 
 def _latex_wrap(expr: Expr, minimum: int) -> str:
-    text, level = _latex(expr)
-    return text if level >= minimum else f"\\left({text}\\right)"
+    return parenthesized(_latex(expr), minimum, "\\left(", "\\right)")
 
 
 def to_latex(expr: Expr) -> str:

@@ -40,7 +40,7 @@ built by hand prints as `(-3)`, which parses back as `Unary("neg", Num(3))`).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence, Union
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -228,20 +228,18 @@ class _Parser:
         return expr
 
     def sum(self) -> Expr:
-        left = self.product()
-        while self.is_op("+", "-"):
-            op = self.tok
-            self.i += 1
-            right = self.product()
-            left = self.node(Binary(op.text, left, right), op.pos)
-        return left
+        return self.left_associative(("+", "-"), self.product)
 
     def product(self) -> Expr:
-        left = self.signed()
-        while self.is_op("*", "/"):
+        return self.left_associative(("*", "/"), self.signed)
+
+    def left_associative(self, ops: tuple[str, ...], operand: Callable[[], Expr]) -> Expr:
+        """operand (op operand)* with op in `ops`, grouped from the left."""
+        left = operand()
+        while self.is_op(*ops):
             op = self.tok
             self.i += 1
-            right = self.signed()
+            right = operand()
             left = self.node(Binary(op.text, left, right), op.pos)
         return left
 
@@ -395,9 +393,14 @@ def _text(expr: Expr) -> tuple[str, int]:
     raise TypeError(f"not an expression node: {expr!r}")
 
 
+def parenthesized(rendered: tuple[str, int], minimum: int, opening: str = "(", closing: str = ")") -> str:
+    """The text of a rendered (text, precedence level) pair, bracketed when its level is below `minimum`."""
+    text, level = rendered
+    return text if level >= minimum else f"{opening}{text}{closing}"
+
+
 def _wrap(expr: Expr, minimum: int) -> str:
-    text, level = _text(expr)
-    return text if level >= minimum else f"({text})"
+    return parenthesized(_text(expr), minimum)
 
 
 def to_text(expr: Expr) -> str:

@@ -24,21 +24,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from derl_jax.expr.ast import (
-    BINARY_OPS,
-    FUNCTIONS,
-    PROGRESS_VAR,
-    Binary,
-    Call,
-    Expr,
-    Num,
-    Prim,
-    Unary,
-    Var,
-    children,
-    depth,
-    node_count,
-)
+from derl_jax.expr.ast import (BINARY_OPS, FUNCTIONS, PROGRESS_VAR, Binary, Call, Expr, Num, Prim, Unary, Var,
+                               children, depth, node_count)
 
 MAX_NODES = 128
 MAX_DEPTH = 32
