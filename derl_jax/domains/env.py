@@ -39,13 +39,17 @@ import numpy as np
 STEP_INFO_KEYS = ("step_score", "success")
 
 
-@runtime_checkable
-class JaxEnv(Protocol):
-    """A pure JAX environment (see the module docstring)."""
+class _EnvSizes(Protocol):
+    """What both kinds of environment declare: O, A and the most steps of an episode."""
 
     obs_length: int
     action_length: int
     max_turns: int
+
+
+@runtime_checkable
+class JaxEnv(_EnvSizes, Protocol):
+    """A pure JAX environment (see the module docstring)."""
 
     def reset(self, key: jax.Array, task: Any) -> tuple[jax.Array, Any]:
         """(obs i32[O], state) of a fresh episode of `task`."""
@@ -55,12 +59,8 @@ class JaxEnv(Protocol):
 
 
 @runtime_checkable
-class HostEnv(Protocol):
+class HostEnv(_EnvSizes, Protocol):
     """A batched host environment with NumPy arrays (see the module docstring)."""
-
-    obs_length: int
-    action_length: int
-    max_turns: int
 
     def reset(self, keys: np.ndarray, tasks: Any) -> tuple[np.ndarray, Any]:
         """(obs i32[B, O], states) of B fresh episodes."""
