@@ -2,26 +2,42 @@
 
 Presets (`--config=configs/math.py:<preset>`):
 
-  default  train on MATH, test on MATH (paper settings: Qwen2.5-3B policy, group size 5,
-           lr 1e-6, KL 0.001 (k3), prompts/responses up to 512/512 tokens, n = 8 candidates
-           per outer step, Meta-Optimizer initialised from Qwen2.5-0.5B-Instruct, compute
-           budget 1.3 x outcome-only, 3.5-hour inner time limit):
+  default  train on MATH; every final policy tested on GSM8K and MATH test (Table 1(b)),
+           exact match of the extracted answer as the headline, math-verify equivalence
+           beside it. Settings from the paper: Qwen2.5-3B policy, 10 inner epochs, 15 final
+           epochs, n = 8 candidates per outer step, 8 outer iterations, Meta-Optimizer
+           initialised from Qwen2.5-0.5B-Instruct, a compute budget of 1.3 x outcome-only
+           for search candidates. From the authors' released scripts (the paper states no
+           inner-loop GRPO values): group size 5, lr 1e-6, KL 0.001 (k3), 512/512 prompt and
+           response tokens, and the Meta-Optimizer's updates (4 PPO epochs, lr 1e-6, KL
+           0.001 with the low-variance k3 estimator):
 
-      python launch/run.py --config=configs/math.py --mode=search --workdir=runs/math \\
+      python launch/run.py --config=configs/math.py --mode=compare --workdir=runs/math \\
           --config.policy.checkpoint=/models/Qwen2.5-3B \\
           --config.meta.hf_path=/models/Qwen2.5-0.5B-Instruct \\
-          --config.data.train=math:/data/MATH/train.jsonl --config.data.test=math:/data/MATH/test.jsonl
+          --config.data.train=math:/data/MATH/train.jsonl \\
+          --config.data.test=gsm8k:/data/gsm8k/test.jsonl,math:/data/MATH/test.jsonl \\
+          --config.mesh.cand=2 --config.mesh.data=1 --config.mesh.model=4 --config.inner.chunk_size=2
 
-           Rough time: one inner run (10 epochs of the 6,000-problem inner-training split,
-           64 prompts x 5 samples per step) is bounded by the 3.5-hour limit on one H200; an
-           outer iteration trains 8 of them: about 8 x 3.5 h on one GPU with
-           `mesh.cand=1`, or about 3.5 h on 8 GPUs with `--config.mesh.cand=8
-           --config.mesh.model=1 --config.inner.chunk_size=8`. The paper converges in about 8
-           outer iterations; the final policy (15 epochs on the full training set) takes
-           about as long again as two inner runs.
+           Devices: on 8 H100 or H200 (80 / 141 GB) train 2 candidates side by side, each
+           on 4 GPUs with the model split 4 ways (the mesh above). `--mode=plan` (analytic,
+           a few seconds) checks a mesh before the run: for this config it gives a peak of
+           51.6 GiB per device (usable: 67.1 on H100, 118.2 on H200); 8 candidates each on
+           one GPU (`mesh.cand=8 mesh.model=1`) needs 138.3 GiB per device and fits neither,
+           and `cand=4 data=2 model=1 chunk_size=4` (109.4 GiB) fits H200 only.
+           Rough time: one inner run is 10 epochs of the 6,000-problem inner-training split
+           at 64 prompts x 5 samples per step (940 steps; the planner's roofline lower bound
+           is about 15-18 s per step of all 8 candidates on 8 GPUs, so days per outer
+           iteration for the full 10 epochs; plan with `--mode=plan` and cut
+           `inner.steps` / `final.steps` to what your budget allows). The paper converges in
+           about 8 outer iterations; the final policy trains 15 epochs of the full training
+           set. The paper's 3.5-hour inner time limit is an opt-in wall-clock safety stop
+           here (`--config.inner.time_limit_s=12600`, search candidates only, logged when it
+           fires); the token budget (1.3 x outcome-only) is the deterministic cap.
 
   mixture  the same, trained on MATH + GSM8K (`data.train` lists both, comma separated),
-           tested on MATH.
+           tested on GSM8K and MATH; the validation score is the accuracy over the mixed
+           validation split, i.e. the example-weighted mean of its GSM8K and MATH parts.
 
   tiny     the whole pipeline on this CPU in about a minute: a few procedurally written
            GSM8K/MATH-format problems, a random 1-layer Qwen2-shaped policy with the real
@@ -35,21 +51,26 @@ Presets (`--config=configs/math.py:<preset>`):
 Fields (every one overridable, e.g. `--config.inner.steps=50`):
   data.train / data.test     data specs (`derl_jax.domains.math_data`): a JSONL/JSON/Parquet
                              path with an optional `math:`/`gsm8k:` prefix, or `tfds:NAME:SPLIT`;
-                             comma-separated specs form a mixture
+                             in data.train comma-separated specs form a mixture; in data.test
+                             they are separate named test sets (`[name=]spec`, default name
+                             the `gsm8k`/`math` prefix), each reported in its own column
   domain.*                   kind, mixture shuffle seed, size caps (num_train/num_test: keep at
                              most that many problems), MATH levels kept, response length
                              (max_new_tokens), prompt limit and padding buckets, what to do
                              with longer prompts, optional system prompt, primitive ablations
                              (remove_primitives / reverse_primitives, Appendix F.3), answer
-                             checker time limit and worker processes
+                             checker time limit and worker processes, reward_match: how g1
+                             compares answers ("verify": math-verify equivalence, default;
+                             "exact": exact match of the extracted answer)
   policy.*                   checkpoint (local HF directory; "" = a random policy of the sizes
                              below), tokenizer directory ("" = the checkpoint's), dtypes, remat;
-                             the sizes only shape the random policy; sft_* must stay 0 (the
-                             paper starts from the base model)
+                             the sizes only shape the random policy (vocab_size is read by the
+                             planner only); sft_* must stay 0 (the paper starts from the base model)
   inner.*                    the shared GRPO block (configs/common.py) at the paper's values:
                              group size 5, lr 1e-6, KL 0.001, 4 minibatches, weight decay
                              0.01, one candidate trained at a time, compute budget 1.3 x
-                             outcome-only, 3.5-hour time limit
+                             outcome-only generated tokens (search candidates only; final
+                             policies always train final.steps), time_limit_s 0 (opt-in)
   meta.*, outer.*, evolution.*, final.steps, compare.*, mesh.*, primitives.*: the shared
                              blocks of configs/common.py; mesh sizes use the first
                              cand*data*model devices, -1 fills with all devices
@@ -62,7 +83,7 @@ import ml_collections
 from configs import common
 
 TINY_DATA_DIR = "/tmp/derl_math_tiny"
-QWEN25_3B_SHAPE = {"hidden_size": 2048, "intermediate_size": 11008, "num_layers": 36, "num_heads": 16,
+QWEN25_3B_SHAPE = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008, "num_layers": 36, "num_heads": 16,
                    "num_kv_heads": 2, "head_dim": 128}
 MATH_TASK = (
     "The policy solves math word problems (GSM8K, MATH): it writes its reasoning and a final answer."
@@ -124,6 +145,7 @@ def paper_defaults(source: str) -> ml_collections.ConfigDict:
         "reverse_primitives": (),
         "answer_timeout_s": 5.0,
         "answer_workers": 4,
+        "reward_match": "verify",
     }
     policy = {
         "checkpoint": "/models/Qwen2.5-3B",
@@ -137,21 +159,29 @@ def paper_defaults(source: str) -> ml_collections.ConfigDict:
         "sft_batch_size": 1,
     }
     cfg = common.base(source, domain, policy)
-    cfg.data = ml_collections.ConfigDict(
-        {"train": f"{source}:{DATA_PATHS[source]['train']}", "test": f"{source}:{DATA_PATHS[source]['test']}"}
-    )
+    cfg.data = ml_collections.ConfigDict({"train": f"{source}:{DATA_PATHS[source]['train']}", "test": test_sets(source)})
     cfg.inner.update(
         prompts_per_step=64, group_size=5, lr=1e-6, kl=0.001, minibatches=4, weight_decay=0.01, chunk_size=1,
-        budget_factor=1.3, time_limit_s=3.5 * 3600.0,
+        budget_factor=1.3, time_limit_s=0.0,
     )
+    # Meta-Optimizer updates as in the authors' released math scripts (the paper gives none).
     cfg.meta.update(
         backbone="hf", hf_path="/models/Qwen2.5-0.5B-Instruct", task_description=MATH_TASK,
-        primitive_descriptions=MATH_PRIMITIVE_DESCRIPTIONS, cold_start_lr=1e-5, lr=1e-6, kl=0.001, epochs=1,
+        primitive_descriptions=MATH_PRIMITIVE_DESCRIPTIONS, cold_start_lr=1e-5, lr=1e-6, kl=0.001, kl_kind="k3",
+        epochs=4,
     )
     cfg.outer.iterations = 8
     cfg.compare.update(seeds=(0,), candidate_test=False)
     cfg.mesh.model = -1
     return set_epoch_steps(cfg, TRAIN_PROBLEMS[source])
+
+
+def test_sets(first: str, directory: str | None = None) -> str:
+    """`data.test`: both named test sets, GSM8K and MATH (Table 1(b) reports every row on both),
+    `first` first (its exact match is the headline `test` number)."""
+    order = (first,) + tuple(s for s in ("gsm8k", "math") if s != first)
+    path = (lambda s: f"{directory}/{s}_test.jsonl") if directory else (lambda s: DATA_PATHS[s]["test"])
+    return ",".join(f"{s}:{path(s)}" for s in order)
 
 
 def mixture(cfg: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDict:
@@ -180,7 +210,7 @@ def tiny(cfg: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDi
         cfg.data.train = f"gsm8k:{TINY_DATA_DIR}/gsm8k_train.jsonl,math:{TINY_DATA_DIR}/math_train.jsonl"
     else:
         cfg.data.train = f"gsm8k:{TINY_DATA_DIR}/gsm8k_train.jsonl"
-    cfg.data.test = f"{source}:{TINY_DATA_DIR}/{source}_test.jsonl"
+    cfg.data.test = test_sets(source, TINY_DATA_DIR)
     cfg.domain.update(max_new_tokens=8, max_prompt_tokens=128, bucket_sizes=(128,), answer_workers=1, answer_timeout_s=5.0)
     cfg.policy.update(
         checkpoint="", tokenizer=_bundled_tokenizer(), remat=False, hidden_size=8, intermediate_size=16, num_layers=1,

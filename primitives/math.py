@@ -31,6 +31,11 @@ Each primitive is `fn(texts: Sequence[str], contexts: Sequence[Mapping]) -> f32[
      in `120` or `3.12`; `18` is found in `18.00`); any other y* matches as a substring
      after whitespace is removed and `\\dfrac`/`\\tfrac` become `\\frac`.
   `boxed_reversed` = 1 - `boxed`: the paper's toxic "Reverse g2" ablation (Appendix F.3).
+  `correct_exact`: 1 if ŷ equals y* after the light normalisation only (no math-verify): the
+     exact match the paper's test metric uses; g1 with `config.domain.reward_match='exact'`.
+
+Test metrics of a final policy (`answer_metrics`): "exact" (the paper's exact match of the
+extracted answer, the headline) and "verify" (math-verify equivalence, reported beside it).
 
 Vocabulary ablations (Appendix F.3) are chosen by `math_primitive_names(remove, reverse)`.
 Scoring a batch (`derl_jax.rl.host_pool.HostPrimitiveRunner`) and the time-limited worker
@@ -57,6 +62,9 @@ DOMAIN = "math"
 MATH_PRIMITIVES = ("correct", "boxed", "steps", "gold_anywhere")
 REVERSED_NAMES = {"boxed": "boxed_reversed"}
 OUTCOME = "correct"
+EXACT_OUTCOME = "correct_exact"
+REWARD_MATCHES = ("verify", "exact")
+TEST_METRICS = ("exact", "verify")
 
 STEP_INDICATOR = re.compile(
     r"\bstep[ \t]*\d+"
@@ -94,6 +102,11 @@ def normalize_answer(answer: str) -> str:
     text = strip_thousands_separators(text)
     text = _FRAC_VARIANTS.sub(r"\\frac", text)
     return _WHITESPACE.sub("", text)
+
+
+def answers_exact(prediction: str | None, gold: str) -> bool:
+    """Exact match of the extracted answer: equal `normalize_answer` forms (None never matches)."""
+    return prediction is not None and normalize_answer(prediction) == normalize_answer(gold)
 
 
 def answers_equivalent(prediction: str, gold: str) -> bool:
@@ -202,6 +215,24 @@ def correct(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     return answer_checker().check([extract_predicted_answer(t) for t in texts], golds)
 
 
+@primitive(EXACT_OUTCOME, kind="host", domain=DOMAIN)
+def correct_exact(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
+    """g1 with `reward_match='exact'`, f32[N]: 1 if the extracted answer exactly matches the gold one."""
+    golds = _gold_answers(contexts, texts, EXACT_OUTCOME)
+    return np.array([answers_exact(extract_predicted_answer(t), g) for t, g in zip(texts, golds)],
+                    np.float32).reshape(len(texts))
+
+
+def answer_metrics(texts: Sequence[str], golds: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per output, the test metrics (`TEST_METRICS`): "exact" f32[N] (exact match of the
+    extracted answer) and "verify" f32[N] (math-verify equivalence through `answer_checker()`)."""
+    if len(texts) != len(golds):
+        raise ValueError(f"answer_metrics: {len(texts)} texts but {len(golds)} gold answers")
+    predictions = [extract_predicted_answer(t) for t in texts]
+    exact = np.array([answers_exact(p, g) for p, g in zip(predictions, golds)], np.float32).reshape(len(texts))
+    return {"exact": exact, "verify": answer_checker().check(predictions, list(golds))}
+
+
 @primitive("boxed", kind="host", domain=DOMAIN, aliases=("format",))
 def boxed(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """g2, f32[N]: 1 if the answer is in a balanced, non-empty `\\boxed{}`."""
@@ -240,14 +271,18 @@ def _base_name(symbol: str) -> str:
     raise ValueError(f"math primitives: unknown primitive {symbol!r}; expected one of {MATH_PRIMITIVES}, their aliases or g1..g4")
 
 
-def math_primitive_names(remove: Sequence[str] = (), reverse: Sequence[str] = ()) -> tuple[str, ...]:
+def math_primitive_names(remove: Sequence[str] = (), reverse: Sequence[str] = (),
+                         reward_match: str = "verify") -> tuple[str, ...]:
     """Ordered primitive names of the math domain with Appendix F.3's vocabulary ablations.
 
     `remove`: primitives to drop ("Remove g2/g3/g4"); `reverse`: primitives replaced in
     place by their flipped version ("Reverse g2": `boxed` -> `boxed_reversed`). Both take
     names, aliases or `g1`..`g4` of the base order (correct, boxed, steps, gold_anywhere).
-    `correct` is the validation metric and cannot be removed or reversed.
+    `correct` is the validation metric and cannot be removed or reversed. `reward_match`
+    "exact" puts `correct_exact` in g1's place (answer equality without math-verify).
     """
+    if reward_match not in REWARD_MATCHES:
+        raise ValueError(f"math primitives: reward_match must be one of {REWARD_MATCHES}, got {reward_match!r}")
     removed = {_base_name(s) for s in remove}
     reversed_ = {_base_name(s) for s in reverse}
     if OUTCOME in removed | reversed_:
@@ -258,4 +293,6 @@ def math_primitive_names(remove: Sequence[str] = (), reverse: Sequence[str] = ()
     not_reversible = reversed_ - set(REVERSED_NAMES)
     if not_reversible:
         raise ValueError(f"math primitives: {sorted(not_reversible)} have no reversed version; reversible: {sorted(REVERSED_NAMES)}")
-    return tuple(REVERSED_NAMES[n] if n in reversed_ else n for n in MATH_PRIMITIVES if n not in removed)
+    outcome = EXACT_OUTCOME if reward_match == "exact" else OUTCOME
+    return tuple(outcome if n == OUTCOME else REVERSED_NAMES[n] if n in reversed_ else n
+                 for n in MATH_PRIMITIVES if n not in removed)

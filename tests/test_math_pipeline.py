@@ -267,7 +267,7 @@ def test_update_uses_the_reward_program_on_host_primitives(run):
     assert float(metrics["nonfinite"]) == 0.0 and "kl" in metrics
 
 
-def test_budget_stops_early_keeps_the_last_policy_and_says_so(run, caplog):
+def test_budget_stops_search_candidates_early_keeps_the_last_policy_and_says_so(run, caplog):
     cfg, (domain, base_params, evaluator) = run
     graphdef = evaluator.graphdef
     budget_cfg = cfg.copy_and_resolve_references()
@@ -277,8 +277,9 @@ def test_budget_stops_early_keeps_the_last_policy_and_says_so(run, caplog):
     program = compile_expr(parse("g1", domain.primitive_names), num_primitives=4)
     key = jax.random.key(11)
     with caplog.at_level(logging.WARNING, logger="derl_jax.rl.host_loop"):
-        params, curves = budgeted.train_final(program, base_params, key, domain.train)
+        results = budgeted.evaluate_candidates(stack_programs([program]), base_params, key, domain.train, domain.test)
     report = budgeted.last_report.runs[0]
+    curves = {name: values[0] for name, values in results.curves.items()}
     tokens = curves["generated_tokens"]
     reference = 4 * tokens[0]  # steps x N x mean length of the first batch (module docstring of host_loop)
     cap = 0.4 * reference
@@ -287,6 +288,7 @@ def test_budget_stops_early_keeps_the_last_policy_and_says_so(run, caplog):
     assert report.budget_tokens == pytest.approx(cap)
     assert curves["trained"].tolist() == [1.0] * expected_steps + [0.0] * (4 - expected_steps)
     assert any("stopped by the compute budget" in r.getMessage() for r in caplog.records)
+    params = jax.tree.map(lambda leaf: leaf[0], results.params)
 
     unbudgeted_cfg = budget_cfg.copy_and_resolve_references()
     unbudgeted_cfg.inner.budget_factor = 0.0
@@ -296,19 +298,50 @@ def test_budget_stops_early_keeps_the_last_policy_and_says_so(run, caplog):
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(reference_params)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
     assert plain.last_report.runs[0].stop_reason is None
+
+    # Final training is never cut short: the same budgeted evaluator trains all final.steps.
+    final_params, final_curves = budgeted.train_final(program, base_params, key, domain.train)
+    final_report = budgeted.last_report.runs[0]
+    assert final_report.steps_run == 4 and final_report.stop_reason is None and final_report.budget_tokens is None
+    assert final_curves["trained"].tolist() == [1.0] * 4
+    assert np.sum(final_curves["generated_tokens"]) > cap
     budgeted.close()
     plain.close()
+
+
+def test_time_limit_is_an_opt_in_search_only_safety_stop(run, caplog):
+    cfg, (domain, base_params, evaluator) = run
+    timed_cfg = cfg.copy_and_resolve_references()
+    timed_cfg.inner.update(steps=3, time_limit_s=1e-9)
+    timed_cfg.final.steps = 3
+    timed = setup.make_evaluator(domain, evaluator.graphdef, timed_cfg, mesh=evaluator.mesh)
+    program = compile_expr(parse("g1", domain.primitive_names), num_primitives=4)
+    with caplog.at_level(logging.WARNING, logger="derl_jax.rl.host_loop"):
+        results = timed.evaluate_candidates(stack_programs([program]), base_params, jax.random.key(3), domain.train,
+                                            domain.test)
+    assert timed.last_report.runs[0].stop_reason == "time_limit" and timed.last_report.runs[0].steps_run == 1
+    assert results.curves["trained"][0].tolist() == [1.0, 0.0, 0.0]
+    assert any("wall-clock safety limit" in r.getMessage() for r in caplog.records)
+    _, curves = timed.train_final(program, base_params, jax.random.key(3), domain.train)
+    assert timed.last_report.runs[0].steps_run == 3 and timed.last_report.runs[0].stop_reason is None
+    assert curves["trained"].tolist() == [1.0] * 3
+    assert math_config_default().inner.time_limit_s == 0.0, "the wall-clock stop must be opt-in"
+    timed.close()
+
+
+def math_config_default():
+    return load_config("math", "default")
 
 
 def test_outcome_run_reference_is_the_outcome_trainings_token_count(run):
     cfg, (domain, base_params, evaluator) = run
     measured_cfg = cfg.copy_and_resolve_references()
-    measured_cfg.inner.update(budget_factor=0.5, budget_reference="outcome_run")
+    measured_cfg.inner.update(budget_factor=0.5, budget_reference="outcome_run", steps=3)
     measured_cfg.final.steps = 3
     measured = setup.make_evaluator(domain, evaluator.graphdef, measured_cfg, mesh=evaluator.mesh)
     program = compile_expr(parse("g1 + g2", domain.primitive_names), num_primitives=4)
     key = jax.random.key(21)
-    measured.train_final(program, base_params, key, domain.train)
+    measured.evaluate_candidates(stack_programs([program]), base_params, key, domain.train, domain.test)
     plain_cfg = measured_cfg.copy_and_resolve_references()
     plain_cfg.inner.budget_factor = 0.0
     plain = setup.make_evaluator(domain, evaluator.graphdef, plain_cfg, mesh=evaluator.mesh)
@@ -381,3 +414,79 @@ def test_evaluate_candidates_trains_for_the_steps_asked(run):
     results = evaluator.evaluate_candidates(programs, base_params, jax.random.key(2), train, validation, steps=1)
     assert {name: curve.shape for name, curve in results.curves.items()} == {name: (1, 1) for name in results.curves}
     assert evaluator.last_report.runs[0].steps_planned == 1 != cfg.inner.steps
+
+
+class _Finished:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class AnswerSetRunner:
+    """Stands in for the outcome runner: a row scores 1 when its gold answer is in `right`."""
+
+    def __init__(self, right):
+        self.right = set(right)
+
+    def submit(self, texts, contexts):
+        return _Finished(np.array([[float(c["answer"] in self.right)] for c in contexts], np.float32))
+
+    def close(self):
+        pass
+
+
+def test_mixed_validation_score_is_the_example_weighted_mean(run, monkeypatch):
+    """On MATH+GSM8K the candidate's validation score is the accuracy over all validation rows,
+    i.e. the example-weighted mean of its GSM8K and MATH parts (not the mean of the two means)."""
+    cfg, (domain, base_params, evaluator) = run
+    monkeypatch.setattr(evaluator, "outcome_runner", AnswerSetRunner({"7", "5", "4"}))
+    monkeypatch.setattr(evaluator, "config", evaluator.config.replace(eval_batch_size=3))  # a padded last batch
+    validation = domain.train  # 3 GSM8K + 4 MATH rows
+    answers = [domain.answers[i] for i in domain.example_indices(validation)]
+    is_gsm8k = np.array([a in fx.GSM8K_GOLD for a in answers])
+    right = np.array([a in {"7", "5", "4"} for a in answers], np.float64)
+    parts = {"gsm8k": is_gsm8k, "math": ~is_gsm8k}
+    part_accuracy = {name: evaluator.accuracy(base_params, validation.take(np.flatnonzero(rows)))
+                     for name, rows in parts.items()}
+    assert part_accuracy == pytest.approx({"gsm8k": 1 / 3, "math": 2 / 4})
+    weighted = sum(rows.sum() * part_accuracy[name] for name, rows in parts.items()) / len(answers)
+    programs = stack_programs([compile_expr(parse("g1", domain.primitive_names), num_primitives=4)])
+    results = evaluator.evaluate_candidates(programs, base_params, jax.random.key(4), domain.train, validation, steps=1)
+    assert float(results.scores[0]) == pytest.approx(weighted) == pytest.approx(right.mean())
+    assert float(results.scores[0]) != pytest.approx(np.mean(list(part_accuracy.values())))
+
+
+def test_budgeted_search_resumes_to_the_uninterrupted_history(run, tmp_path):
+    """The compute budget counts tokens, so a search stopped after one iteration and resumed
+    (with a fresh evaluator, as a new process would) ends with the uninterrupted history."""
+    from derl_jax.logging import read_jsonl
+
+    cfg, (domain, base_params, evaluator) = run
+    cfg = cfg.copy_and_resolve_references()
+    cfg.evolution.init = "random_trees"
+    cfg.inner.update(budget_factor=0.5, steps=3)
+
+    def search(workdir, iterations):
+        run_cfg = cfg.copy_and_resolve_references()
+        run_cfg.outer.iterations = iterations
+        fresh = setup.make_evaluator(domain, evaluator.graphdef, run_cfg, mesh=evaluator.mesh)
+        try:
+            protocol.search_method("evolution", run_cfg, domain, fresh, str(workdir), 0, base_params=base_params,
+                                   progress=False, echo=lambda line: None)
+        finally:
+            fresh.close()
+        return read_jsonl(os.path.join(workdir, "history.jsonl"))
+
+    straight = search(tmp_path / "straight", 2)
+    search(tmp_path / "resumed", 1)
+    resumed = search(tmp_path / "resumed", 2)
+    trained = [r for r in straight if r["trained"]]
+    assert trained and all(r["curves"]["trained"] == [1.0, 1.0, 0.0] for r in trained), "the budget must fire"
+    assert len(resumed) == len(straight) == 4
+    for a, b in zip(straight, resumed):
+        assert (a["iteration"], a["index"], a["text"], a["score"]) == (b["iteration"], b["index"], b["text"], b["score"])
+        if a["trained"]:
+            for name in ("trained", "generated_tokens", "reward_mean"):
+                np.testing.assert_allclose(a["curves"][name], b["curves"][name], rtol=1e-6)

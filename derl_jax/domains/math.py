@@ -4,14 +4,19 @@
     base_params, evaluator = derl_jax.rl.setup.build_inner(domain, cfg, workdir)   # policy and inner loop
 
 Data (`config.data`): `train` and `test` are data specs of `derl_jax.domains.math_data`
-(`math:/data/MATH/train.jsonl`, `gsm8k:/data/gsm8k/test.parquet`, `tfds:gsm8k:train`, ...);
-several specs separated by commas form a mixture (the paper's MATH+GSM8K training set of
-Table 1(b)), shuffled with `config.domain.seed`. The outer loop cuts its validation split out
-of `train` (8:2); `test` is only read by the final evaluation. `config.domain.levels` keeps
+(`math:/data/MATH/train.jsonl`, `gsm8k:/data/gsm8k/test.parquet`, `tfds:gsm8k:train`, ...).
+In `train`, several specs separated by commas form a mixture (the paper's MATH+GSM8K training
+set of Table 1(b)), shuffled with `config.domain.seed`. The outer loop cuts its validation
+split out of `train` (8:2); on a mixture the validation score is the accuracy over all its
+rows, i.e. the example-weighted mean of the GSM8K and MATH validation accuracies. In `test`,
+commas separate *named test sets* (`[name=]spec`; the name defaults to the spec's `gsm8k:` /
+`math:` prefix, else the file name): every final policy is tested on each of them, as Table
+1(b) reports every row on both GSM8K and MATH (`domain.test_sets`; `domain.test` holds all
+their rows). `test` is only read by the final evaluation. `config.domain.levels` keeps
 MATH problems of those difficulty levels (GSM8K problems have no level and are always kept;
 a MATH problem whose level cannot be read is kept only when all five levels are selected);
 `config.domain.num_train` / `num_test` then keep at most that many problems (in file order,
-or mixture order). Everything is loaded and checked before any model is touched: a missing
+or mixture order; `num_test` per test set). Everything is loaded and checked before any model is touched: a missing
 file, an empty split or a malformed record stops the run with a message naming the config
 field and the record.
 
@@ -30,7 +35,10 @@ still find their gold answers: `domain.contexts(dataset)` -> `[{"answer": ...}, 
 
 Primitives: `primitives/math.py` host primitives, `g1..g4` = correct, boxed, steps,
 gold_anywhere, with the Appendix F.3 ablations from `config.domain.remove_primitives` /
-`reverse_primitives`; `correct` is the validation metric. Answer equivalence runs in the
+`reverse_primitives`; g1 is the validation metric. `config.domain.reward_match` picks g1:
+"verify" (default: `correct`, math-verify equivalence) or "exact" (`correct_exact`).
+Test metrics (`MathDomain.test_metrics`): "exact" (exact match of the extracted answer, the
+paper's test metric and the headline) and "verify" (math-verify equivalence), whatever g1 is. Answer equivalence runs in the
 `AnswerChecker` worker processes with `config.domain.answer_timeout_s` per check.
 
 Policy (`config.policy`) and devices (`config.mesh`) are built by `derl_jax.rl.setup` as
@@ -62,7 +70,8 @@ from derl_jax.domains.math_data import MathDataError, MathExample, load_mixture
 from derl_jax.models.hf_tokenizer import HFTokenizer, math_prompt
 from primitives import registry
 from primitives.math import DOMAIN as MATH_PRIMITIVE_DOMAIN
-from primitives.math import MATH_PRIMITIVES, OUTCOME, configure_answer_checker, math_primitive_names
+from primitives.math import (EXACT_OUTCOME, OUTCOME, REWARD_MATCHES, TEST_METRICS, answer_metrics,
+                             configure_answer_checker, math_primitive_names)
 from primitives.registry import Primitive
 
 MATH_DOMAIN_KIND = "math"
@@ -86,10 +95,13 @@ class MathDomain(Domain):
       context {"example": i32[M]} indices into `answers`).
     answers: gold answer of every loaded example (train first, then test).
     questions: the problem text of every loaded example, in the same order.
+    test_sets: name -> TokenDataset of each configured test set (rows of `test`), in config order.
     """
 
     answers: tuple[str, ...] = ()
     questions: tuple[str, ...] = ()
+    test_sets: Mapping[str, TokenDataset] = dataclasses.field(default_factory=dict)
+    test_metric_names: tuple[str, ...] = TEST_METRICS
 
     def example_indices(self, dataset: TokenDataset) -> np.ndarray:
         """i64[M]: the global example index of every row of `dataset`."""
@@ -103,6 +115,14 @@ class MathDomain(Domain):
     def contexts(self, dataset: TokenDataset) -> list[dict[str, str]]:
         """Per row of `dataset`, the context host primitives read: {"answer": gold answer}."""
         return [{"answer": self.answers[i]} for i in self.example_indices(dataset)]
+
+    def test_metrics(self, texts: Sequence[str], dataset: TokenDataset) -> dict[str, float]:
+        """Accuracy of the greedy outputs `texts` (one per row of `dataset`) by each test metric:
+        {"exact": exact match of the extracted answer, "verify": math-verify equivalence}."""
+        golds = [self.answers[i] for i in self.example_indices(dataset)]
+        if len(texts) != len(golds):
+            raise ValueError(f"math domain: {len(texts)} outputs for a test set of {len(golds)} rows")
+        return {name: float(np.mean(values)) for name, values in answer_metrics(texts, golds).items()}
 
 
 # ----------------------------------------------------------------------------- config
@@ -148,6 +168,37 @@ def data_specs(value: Any, path: str) -> list[str]:
     return specs
 
 
+def test_set_specs(value: Any, path: str = "data.test") -> list[tuple[str, str]]:
+    """[(name, spec)] of the named test sets of `config.data.test` (`[name=]spec`, comma separated)."""
+    named = []
+    for part in data_specs(value, path):
+        name, sep, spec = part.partition("=")
+        if not sep:
+            name, spec = "", part
+        name, spec = name.strip(), spec.strip()
+        if not spec:
+            raise MathConfigError(f"config.{path}: test set {part!r} names no data")
+        if not name:
+            prefix = spec.split(":", 1)[0]
+            name = prefix if prefix in ("gsm8k", "math") else os.path.splitext(os.path.basename(spec))[0] or spec
+        named.append((name, spec))
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        raise MathConfigError(f"config.{path}: test set names must differ, got {names}; name them as 'name=spec'")
+    return named
+
+
+def reward_match(cfg: Any) -> str:
+    """`config.domain.reward_match` ("verify" when absent): how g1 compares answers."""
+    try:
+        value = _field(cfg, "domain.reward_match")
+    except MathConfigError:
+        return "verify"
+    if value not in REWARD_MATCHES:
+        raise MathConfigError(f"config.domain.reward_match must be one of {REWARD_MATCHES}, got {value!r}")
+    return value
+
+
 def check_levels(value: Any, path: str = "domain.levels") -> tuple[int, ...]:
     """MATH difficulty levels to keep, a non-empty tuple of distinct values in 1..5."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
@@ -183,7 +234,8 @@ def validate_math_config(cfg: Any) -> None:
     if kind != MATH_DOMAIN_KIND:
         raise MathConfigError(f"config.domain.kind must be {MATH_DOMAIN_KIND!r} for the math domain, got {kind!r}")
     data_specs(_field(cfg, "data.train"), "data.train")
-    data_specs(_field(cfg, "data.test"), "data.test")
+    test_set_specs(_field(cfg, "data.test"))
+    match = reward_match(cfg)
     _positive_int(cfg, "domain.seed", 0)
     _positive_int(cfg, "domain.num_train")
     _positive_int(cfg, "domain.num_test")
@@ -199,7 +251,8 @@ def validate_math_config(cfg: Any) -> None:
         raise MathConfigError(f"config.domain.answer_timeout_s must be a number > 0, got {timeout!r}")
     _positive_int(cfg, "domain.answer_workers")
     try:
-        names = math_primitive_names(tuple(_field(cfg, "domain.remove_primitives")), tuple(_field(cfg, "domain.reverse_primitives")))
+        names = math_primitive_names(tuple(_field(cfg, "domain.remove_primitives")),
+                                     tuple(_field(cfg, "domain.reverse_primitives")), match)
     except ValueError as err:
         raise MathConfigError(f"config.domain.remove_primitives / reverse_primitives: {err}") from None
     descriptions = tuple(_meta_field(cfg, "primitive_descriptions", ()))
@@ -242,10 +295,10 @@ def keep_levels(examples: Sequence[MathExample], levels: Sequence[int]) -> list[
     return kept
 
 
-def load_split(cfg: Any, split: str) -> list[MathExample]:
-    """The examples of `config.data.<split>` after the level filter and the size cap."""
+def load_split(cfg: Any, split: str, specs: Sequence[str] | None = None) -> list[MathExample]:
+    """The examples of `config.data.<split>` (or of `specs`) after the level filter and the size cap."""
     path = f"data.{split}"
-    specs = data_specs(_field(cfg, path), path)
+    specs = data_specs(_field(cfg, path), path) if specs is None else list(specs)
     seed = int(_field(cfg, "domain.seed")) if len(specs) > 1 else None
     try:
         examples = load_mixture(specs, seed=seed)
@@ -316,7 +369,8 @@ def warn_on_overlap(train: Sequence[MathExample], test: Sequence[MathExample]) -
 
 def resolve_primitives(cfg: Any) -> tuple[Primitive, ...]:
     """The configured host primitives (ablations applied), in g1..gk order."""
-    names = math_primitive_names(tuple(cfg.domain.remove_primitives), tuple(cfg.domain.reverse_primitives))
+    names = math_primitive_names(tuple(cfg.domain.remove_primitives), tuple(cfg.domain.reverse_primitives),
+                                 reward_match(cfg))
     prims = registry.resolve(MATH_PRIMITIVE_DOMAIN, names)
     check_primitive_kinds(prims, "host", "math domain")
     return prims
@@ -330,7 +384,8 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
     """The math domain of a full run config (module docstring); loads and checks all data."""
     validate_math_config(cfg)
     train_examples = load_split(cfg, "train")
-    test_examples = load_split(cfg, "test")
+    named_tests = [(name, load_split(cfg, "test", [spec])) for name, spec in test_set_specs(_field(cfg, "data.test"))]
+    test_examples = [example for _, examples in named_tests for example in examples]
     overlap = warn_on_overlap(train_examples, test_examples)
     tokenizer = tokenizer or HFTokenizer.from_directory(tokenizer_directory(cfg))
     max_prompt = int(cfg.domain.max_prompt_tokens)
@@ -341,6 +396,13 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
     test, test_kept, test_dropped = encode_split(
         tokenizer, test_examples, len(train_kept), where="config.data.test", **common
     )
+    owner = {id(example): name for name, examples in named_tests for example in examples}
+    test_sets = {}
+    for name, _ in named_tests:
+        rows = np.asarray([r for r, e in enumerate(test_kept) if owner[id(e)] == name], np.int64)
+        if rows.size == 0:
+            raise MathDataError(f"config.data.test: test set {name!r} has no prompt within config.domain.max_prompt_tokens")
+        test_sets[name] = test.take(rows)
     prims = resolve_primitives(cfg)
     configure_answer_checker(timeout_s=float(cfg.domain.answer_timeout_s), num_workers=int(cfg.domain.answer_workers))
     kept = train_kept + test_kept
@@ -348,6 +410,7 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
     info = {
         "train_size": len(train_kept),
         "test_size": len(test_kept),
+        "test_sets": {name: int(ds.prompts.shape[0]) for name, ds in test_sets.items()},
         "train_sources": sources,
         "dropped_overlong": {"train": train_dropped, "test": test_dropped},
         "test_in_train": overlap,
@@ -357,7 +420,7 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
     return MathDomain(
         name=MATH_DOMAIN_KIND,
         primitives=prims,
-        outcome_index=[p.name for p in prims].index(OUTCOME),
+        outcome_index=[p.name for p in prims].index(EXACT_OUTCOME if reward_match(cfg) == "exact" else OUTCOME),
         train=train,
         test=test,
         tokenizer=tokenizer,
@@ -369,6 +432,7 @@ def make_math_domain(cfg: Any, tokenizer: HFTokenizer | None = None) -> MathDoma
         answers=tuple(e.answer for e in kept),
         questions=tuple(e.question for e in kept),
         bucket_sizes=buckets,
+        test_sets=test_sets,
         info=info,
     )
 
@@ -378,7 +442,7 @@ def configured_primitive_names(cfg: Any) -> tuple[str, ...]:
     domain = cfg.domain
     remove = tuple(domain.get("remove_primitives", ())) if hasattr(domain, "get") else ()
     reverse = tuple(domain.get("reverse_primitives", ())) if hasattr(domain, "get") else ()
-    return math_primitive_names(remove, reverse) if (remove or reverse) else MATH_PRIMITIVES
+    return math_primitive_names(remove, reverse, reward_match(cfg))
 
 
 register_domain(DomainSpec(name=MATH_DOMAIN_KIND, build=make_math_domain, primitive_names=configured_primitive_names,

@@ -27,6 +27,13 @@ them: the test curve is the mean test accuracy of the same n candidates (invalid
 paper's curve. With `config.compare.per_iteration_test=True` each iteration's best expression
 is also retrained in final mode and tested (a second panel).
 
+Test sets and metrics: a domain may name several test sets (`domain.test_sets`, e.g. GSM8K and
+MATH for Table 1(b)) and its own test metrics (`domain.test_metrics(texts, dataset)` on the
+greedy outputs, e.g. exact match then math-verify equivalence). Every reported policy is
+tested on each set by each metric (`test_accuracies`, `MethodResult.test_sets`); the
+headline number `test` is the first metric on the first set. Domains without them report
+`evaluator.accuracy` on `domain.test`.
+
 This module is the only place that touches the test split: `search` is handed the
 inner-training and validation splits only.
 
@@ -126,6 +133,24 @@ class FinalResult:
     test: float
     params: Any
     curves: Mapping[str, list]
+    test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+
+
+def test_accuracies(domain: TokenDomain, evaluator: CandidateEvaluator, params: Any) -> dict[str, dict[str, float]]:
+    """{test set: {metric: accuracy}} of one policy (module docstring): the domain's named test
+    sets (`domain.test_sets`, else {"test": domain.test}), each scored by the domain's
+    `test_metrics` on the evaluator's greedy outputs when both exist, else {"accuracy": ...}."""
+    test_sets = dict(getattr(domain, "test_sets", None) or {}) or {"test": domain.test}
+    metrics = getattr(domain, "test_metrics", None)
+    if metrics is None or not hasattr(evaluator, "greedy_texts"):
+        return {name: {"accuracy": float(evaluator.accuracy(params, data))} for name, data in test_sets.items()}
+    return {name: metrics(evaluator.greedy_texts(params, data), data) for name, data in test_sets.items()}
+
+
+def headline_accuracy(test_sets: Mapping[str, Mapping[str, float]]) -> float:
+    """The headline test number: the first metric of the first test set."""
+    first = next(iter(test_sets.values()))
+    return float(next(iter(first.values())))
 
 
 def compile_checked(expression: str, primitive_names: Sequence[str], outcome_index: int = 0):
@@ -143,9 +168,9 @@ def train_final(
     split, report its accuracy on the test split."""
     tree, program = compile_checked(expression, domain.primitive_names, domain.outcome_index)
     params, curves = evaluator.train_final(program, base_params, key, domain.train)
-    test = float(evaluator.accuracy(params, domain.test))
+    tests = test_accuracies(domain, evaluator, params)
     host_curves = {str(k): np.asarray(v, np.float64).reshape(-1).tolist() for k, v in dict(curves).items()}
-    return FinalResult(expression, canonical(tree), test, params, host_curves)
+    return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, host_curves, tests)
 
 
 def fixed_validation_score(
@@ -173,7 +198,7 @@ def run_final(
     atomic_write_json(
         os.path.join(os.fspath(workdir), FINAL_RESULT_FILE),
         {"expression": final.expression, "canonical": final.canonical, "seed": int(seed), "test": final.test,
-         "curves": final.curves},
+         "test_sets": final.test_sets, "curves": final.curves},
     )
     return final
 
@@ -238,7 +263,7 @@ def run_method(
     keys = run_keys(seed)
     cls = get_strategy(method)
 
-    per_iteration, budget, evolved_test, note = None, {}, None, ""
+    per_iteration, budget, evolved_tests, note = None, {}, None, ""
     if cls.searches:
         found = search_method(
             method, cfg, domain, evaluator, workdir, seed, base_params=base_params,
@@ -248,7 +273,7 @@ def run_method(
         budget = {**found.budget, **inner_step_totals(cfg, found.budget, population=cls.population)}
         per_iteration = per_iteration_summary(found.history)
         if cls.population and found.incumbent_params is not None:
-            evolved_test = float(evaluator.accuracy(found.incumbent_params, domain.test))
+            evolved_tests = test_accuracies(domain, evaluator, found.incumbent_params)
         per_iteration["candidate_test_mean"] = (
             candidate_test_means(workdir, found.history, evaluator, domain.test, base_params)
             if _flag(cfg, "compare.candidate_test") else None
@@ -263,10 +288,13 @@ def run_method(
 
     if expression is None:
         note = "no valid expression was found; the base policy's test accuracy is reported"
-        result_canonical, retrained, curves = None, float(evaluator.accuracy(base_params, domain.test)), {}
+        retrained_tests = test_accuracies(domain, evaluator, base_params)
+        result_canonical, retrained, curves = None, headline_accuracy(retrained_tests), {}
     else:
         final = train_final(expression, domain, evaluator, keys["final"], base_params)
         result_canonical, retrained, curves = final.canonical, final.test, final.curves
+        retrained_tests = final.test_sets
+    evolved_test = headline_accuracy(evolved_tests) if evolved_tests is not None else None
     if per_iteration is not None:
         per_iteration["test_of_best"] = (
             _iteration_tests(per_iteration["best_text"], domain, evaluator, keys["final"], base_params)
@@ -286,6 +314,8 @@ def run_method(
         final_curves=curves,
         retrained_test=retrained,
         evolved_policy_test=evolved_test,
+        test_sets=evolved_tests if evolved_tests is not None else retrained_tests,
+        retrained_test_sets=retrained_tests,
         headline=HEADLINE_EVOLVED if evolved_test is not None else HEADLINE_RETRAINED,
         note=note,
     )

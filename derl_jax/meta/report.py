@@ -7,6 +7,10 @@ seeds, `derl_jax.meta.stats`), the test accuracy of the policy retrained from sc
 chosen expression (the same number as the headline except for population strategies, whose
 headline is the evolved policy), and the validation accuracy. Then the chosen expressions, the
 search budget (candidate counts, trainings saved on duplicates, inner-step totals) and notes.
+When the policies were tested on several test sets or by several metrics
+(`MethodResult.test_sets`, e.g. GSM8K and MATH by exact match and math-verify: Table 1(b)),
+a table with one column per test set and metric comes first, for the headline policy and,
+when some method's headline is not the retrained policy, for the retrained policy too.
 
 Plots (`derl_jax.meta.plots`): `outer_curves.png` in the paper's Fig. 3 layout — one panel per
 search method with the mean validation score of each iteration's candidates and, when
@@ -67,8 +71,12 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]]) ->
             panels, os.path.join(workdir, CURVES_PLOT), ylabel="accuracy", columns=len(curves)
         )
 
+    set_md, set_summary = test_set_table(results, "test_sets")
+    retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
     payload = {
         "methods": list(results),
+        "test_sets": set_summary,
+        "retrained_test_sets": retrained_set_summary,
         "test": test_summary,
         "retrained_test": retrained_summary,
         "validation": val_summary,
@@ -80,8 +88,46 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]]) ->
         "plots": {k: os.path.basename(v) for k, v in figures.items()},
     }
     atomic_write_json(os.path.join(workdir, RESULTS_JSON), _json_safe(payload))
-    atomic_write_text(os.path.join(workdir, RESULTS_MD), _markdown(results, test_md, retrained_md, val_md, payload, figures))
+    markdown = _markdown(results, test_md, retrained_md, val_md, payload, figures)
+    if set_md:
+        tables = ["## Test accuracy by test set and metric (headline policy)", "", set_md]
+        if any(r.headline == HEADLINE_EVOLVED for rs in results.values() for r in rs):
+            tables += ["## Test accuracy by test set and metric (policy retrained from scratch)", "", retrained_set_md]
+        title, _, rest = markdown.partition("\n\n")
+        markdown = "\n\n".join([title, "\n".join(tables), rest])
+    atomic_write_text(os.path.join(workdir, RESULTS_MD), markdown)
     return payload
+
+
+def test_set_table(results: Mapping[str, Sequence[MethodResult]], field: str) -> tuple[str, dict]:
+    """(Markdown, {method: {set: {metric: summary}}}) of `field` ("test_sets" or
+    "retrained_test_sets"), in %: one column per (test set, metric) in first-seen order.
+    Empty when some result lacks the field or there is one set with one metric."""
+    rows = {m: [getattr(r, field) for r in rs] for m, rs in results.items()}
+    if not rows or any(not t for ts in rows.values() for t in ts):
+        return "", {}
+    columns = []
+    for t in (t for ts in rows.values() for t in ts):
+        columns += [(name, metric) for name, metrics in t.items() for metric in metrics if (name, metric) not in columns]
+    if len(columns) < 2:
+        return "", {}
+    summary: dict = {}
+    lines = ["| method | seeds | " + " | ".join(f"{name} {metric} (%)" for name, metric in columns) + " |",
+             "|---|---:|" + "---:|" * len(columns)]
+    for method, ts in rows.items():
+        cells = []
+        for name, metric in columns:
+            values = [100.0 * t[name][metric] for t in ts if metric in t.get(name, {})]
+            if not values:
+                cells.append("-")
+                continue
+            stat = stats.summarize(values, clip=(0.0, 100.0))
+            summary.setdefault(method, {}).setdefault(name, {})[metric] = stat
+            cells.append(f"{stat['mean']:.2f} ± {stat['std']:.2f}" + ("" if stat["ci_defined"] else "*"))
+        lines.append(f"| {method} | {len(ts)} | " + " | ".join(cells) + " |")
+    if any(len(ts) == 1 for ts in rows.values()):
+        lines += ["", "\\* single seed: no spread."]
+    return "\n".join(lines) + "\n", summary
 
 
 def _value(r: MethodResult, field: str) -> float:
@@ -100,6 +146,8 @@ def _seed_row(r: MethodResult) -> dict:
         "headline": r.headline,
         "retrained_test": r.retrained_test,
         "evolved_policy_test": r.evolved_policy_test,
+        "test_sets": r.test_sets,
+        "retrained_test_sets": r.retrained_test_sets,
         "note": r.note,
     }
 

@@ -23,6 +23,9 @@ class MethodResult:
         says which.
     retrained_test: test accuracy of the policy retrained in final mode (every method).
     evolved_policy_test: population strategies: the evolved policy's test accuracy, else None.
+    test_sets: {test set: {metric: accuracy}} of the headline policy (`protocol.test_accuracies`;
+        math: {"gsm8k": {"exact": .., "verify": ..}, "math": {...}}); `test` is its first
+        metric on its first set. retrained_test_sets: the same for the retrained policy.
     budget: the search's candidate counters (`derl_jax.meta.search`) and inner-step totals
         (`derl_jax.meta.budget.inner_step_totals`); {} for fixed expressions.
     per_iteration (search methods): lists over outer iterations of "validation_mean",
@@ -47,6 +50,8 @@ class MethodResult:
     evolved_policy_test: float | None = None
     headline: str = HEADLINE_RETRAINED
     note: str = ""
+    test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    retrained_test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

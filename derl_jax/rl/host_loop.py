@@ -34,8 +34,8 @@ What overlaps what (JAX dispatch is asynchronous, so the host runs ahead of the 
   `evaluator.last_report` (`reports` keeps all), per step in the curves `host_seconds`,
   `step_seconds` and `host_share` (cumulative share of the wave's wall time).
 
-Compute budget (paper Appendix H): an inner run stops once its cumulative number of
-generated tokens (completion tokens up to and including the stop token) exceeds
+Compute budget (paper Appendix H), for search candidates only (`evaluate_candidates`): a
+candidate's inner run stops once its cumulative number of generated tokens (completion tokens up to and including the stop token) exceeds
 `budget_factor` x the cost of outcome-only training on the same config; the policy after
 the last finished step is kept ("the last checkpoint"), the remaining steps of its curves
 repeat the last values with `trained` = 0, and a warning names the run. The outcome-only
@@ -47,9 +47,14 @@ cost (`inner.budget_reference`):
   * "outcome_run": measured once per (mode, starting policy, data) by actually training the
     outcome-only reward (one extra inner run, cached).
   * `inner.budget_tokens` > 0 gives the outcome-only token count directly.
-`budget_factor` <= 0 disables the budget. `inner.time_limit_s` > 0 also stops a wave after
-that many seconds (the paper's 3.5-hour limit). The sampler itself always decodes T steps;
-the budget counts the tokens a length-aware engine would have generated, as the paper does.
+`budget_factor` <= 0 disables the budget. The budget counts tokens, never seconds, so it stops
+a run at the same step on any machine and a resumed search replays the same candidates.
+`inner.time_limit_s` > 0 is an opt-in safety stop on wall time (off by default; the paper's
+3.5-hour limit): it also stops a search wave after that many seconds and logs a warning
+naming the runs it stopped; results then depend on machine speed. Final training
+(`train_final`) is never cut short: it trains `final_steps` steps for every method, whatever
+the budget or time limit. The sampler itself always decodes T steps; the budget counts the
+tokens a length-aware engine would have generated, as the paper does.
 
 Devices: the mesh has axes (cand, data, model). It is cut into `cand` slices, each a
 ('data', 'model') mesh with its own compiled functions; candidate j of a wave trains on
@@ -362,7 +367,7 @@ class HostEvaluator:
         for start in range(0, len(program_list), in_flight):
             indices = range(start, min(start + in_flight, len(program_list)))
             runs = self._train_wave(indices, [program_list[k] for k in indices], init_params, key, train,
-                                    steps, budget)
+                                    steps, budget, time_limit_s=self.config.time_limit_s)
             accuracies, spent = self._greedy_accuracies([(r.fns, r.params) for r in runs], validation)
             eval_host += spent
             for run, accuracy in zip(runs, accuracies):
@@ -387,8 +392,9 @@ class HostEvaluator:
         if program.ops.ndim != 1:
             raise ValueError(f"train_final: expected one program, got ops of shape {program.ops.shape}")
         train = HostSplit(train_set, self.domain)
-        budget = self._budget("final", self.config.final_steps, init_params, key, train_set, train)
-        (run,) = self._train_wave([0], [program], init_params, key, train, self.config.final_steps, budget)
+        budget = _Budget(0.0, None, self.config.final_steps, self.config.rollouts_per_step)  # never cut short
+        (run,) = self._train_wave([0], [program], init_params, key, train, self.config.final_steps, budget,
+                                  time_limit_s=0.0)
         params = run.params
         self._finish_report("final", [run], budget, 0.0, started)
         return params, run.curves()
@@ -422,8 +428,9 @@ class HostEvaluator:
         return _Run(candidate, program, fns, params, fns.init_optimizer(params), reference, steps)
 
     def _train_wave(self, candidates: Sequence[int], programs: Sequence[Program], init_params: Any, key: jax.Array,
-                    train: HostSplit, steps: int, budget: _Budget) -> list[_Run]:
-        """Train `programs` interleaved step by step (module docstring); returns the finished runs."""
+                    train: HostSplit, steps: int, budget: _Budget, *, time_limit_s: float) -> list[_Run]:
+        """Train `programs` interleaved step by step (module docstring); returns the finished runs.
+        `time_limit_s` > 0 stops the wave's runs after that many wall-clock seconds."""
         placed: dict[int, Any] = {}
         runs = [self._start_run(c, j, p, init_params, placed, steps) for j, (c, p) in enumerate(zip(candidates, programs))]
         schedule = batch_schedule(key, train.size, self.config.prompts_per_step, steps)
@@ -471,7 +478,7 @@ class HostEvaluator:
             host_total += step_host
             for run in active:
                 run.record(step_seconds=wall, host_share=host_total / wall_total if wall_total > 0 else 0.0)
-            self._check_time(active, wave_started, step, steps)
+            self._check_time(active, wave_started, step, steps, time_limit_s)
         return runs
 
     def _check_budget(self, run: _Run, budget: _Budget, step: int) -> None:
@@ -483,14 +490,15 @@ class HostEvaluator:
                 "> %.0f (%.2f x outcome-only %.0f); keeping its policy after step %d",
                 run.candidate, step + 1, run.steps_planned, run.tokens, cap, budget.factor, budget.reference, step + 1)
 
-    def _check_time(self, active: Sequence[_Run], wave_started: float, step: int, steps: int) -> None:
-        limit = self.config.time_limit_s
+    @staticmethod
+    def _check_time(active: Sequence[_Run], wave_started: float, step: int, steps: int, limit: float) -> None:
         if limit > 0 and time.perf_counter() - wave_started > limit and step + 1 < steps:
             for run in active:
                 if run.stop_reason is None:
                     run.stop_reason = STOP_TIME
-                    _log.warning("inner run of candidate %d stopped by the time limit (%.0f s) after step %d of %d",
-                                 run.candidate, limit, step + 1, steps)
+                    _log.warning("inner run of candidate %d stopped by the wall-clock safety limit "
+                                 "(config.inner.time_limit_s=%.0f s) after step %d of %d; this run's result depends "
+                                 "on machine speed", run.candidate, limit, step + 1, steps)
 
     def _budget(self, mode: str, steps: int, init_params: Any, key: jax.Array, dataset: TokenDataset,
                 train: HostSplit) -> _Budget:
@@ -513,7 +521,7 @@ class HostEvaluator:
         outcome = f"g{self.domain.outcome_index + 1}"
         program = compile_expr(parse(outcome, self.domain.primitive_names), num_primitives=len(self.domain.primitives))
         unbounded = _Budget(0.0, None, steps, self.config.rollouts_per_step)
-        (run,) = self._train_wave([-1], [program], init_params, key, train, steps, unbounded)
+        (run,) = self._train_wave([-1], [program], init_params, key, train, steps, unbounded, time_limit_s=0.0)
         tokens = float(run.tokens)
         _log.info("outcome-only reference run (%s, %d steps): %d generated tokens", mode, steps, run.tokens)
         self._outcome_tokens.append((init_params, dataset, mode, steps, tokens))
