@@ -43,9 +43,13 @@ if [ -z "$port" ]; then
 fi
 
 pids=()
+watchdog=
 stop_all() {  # SIGTERM, then SIGKILL for a process still running 10 s later
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  (sleep 10; for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done) &
+  if [ -z "$watchdog" ]; then
+    (sleep 10; for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done) >/dev/null 2>&1 &
+    watchdog=$!
+  fi
 }
 trap 'stop_all; exit 130' INT TERM
 
@@ -74,4 +78,5 @@ while [ "${#running[@]}" -gt 0 ]; do
     stop_all
   fi
 done
+[ -z "$watchdog" ] || kill "$watchdog" 2>/dev/null  # every process has ended
 exit "$status"
