@@ -29,6 +29,11 @@ class ConfigError(InputError):
 # --------------------------------------------------------------------------- checkers
 
 
+def field_error(owner: Any, field: str, why: str) -> ValueError:
+    """ValueError `Owner.field=value: why` for a bad field of a settings dataclass `owner`."""
+    return ValueError(f"{type(owner).__name__}.{field}={getattr(owner, field)!r}: {why}")
+
+
 def config_value(cfg: Any, path: str) -> Any:
     """`cfg.<path>` for a dotted path; ConfigError naming `config.<path>` when missing."""
     node = cfg

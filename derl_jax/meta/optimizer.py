@@ -69,6 +69,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from derl_jax.config import field_error
 from derl_jax.expr.grammar import Grammar
 from derl_jax.meta.corpus import cold_start_corpus
 from derl_jax.meta.meta_model import constrained_decode, constrained_logprobs, hf_backbone, scratch_backbone
@@ -120,38 +121,35 @@ class MetaConfig:
     def __post_init__(self):
         object.__setattr__(self, "primitive_descriptions", tuple(str(d) for d in self.primitive_descriptions))
 
-        def bad(field: str, why: str):
-            raise ValueError(f"MetaConfig.{field}={getattr(self, field)!r}: {why}")
-
         if self.backbone not in BACKBONES:
-            bad("backbone", f"must be one of {BACKBONES}")
+            raise field_error(self, "backbone", f"must be one of {BACKBONES}")
         if self.backbone == "hf" and not str(self.hf_path).strip():
-            bad("hf_path", "must name a local Hugging Face checkpoint directory when backbone='hf'")
+            raise field_error(self, "hf_path", "must name a local Hugging Face checkpoint directory when backbone='hf'")
         positive = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                     "cold_start_corpus", "cold_start_batch_size", "epochs")
         for field in positive:
             value = getattr(self, field)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                bad(field, "must be a positive int")
+                raise field_error(self, field, "must be a positive int")
         if self.num_heads % self.num_kv_heads:
-            bad("num_heads", f"must be a multiple of num_kv_heads={self.num_kv_heads}")
+            raise field_error(self, "num_heads", f"must be a multiple of num_kv_heads={self.num_kv_heads}")
         if not isinstance(self.cold_start_steps, (int, np.integer)) or self.cold_start_steps < 0:
-            bad("cold_start_steps", "must be an int >= 0")
+            raise field_error(self, "cold_start_steps", "must be an int >= 0")
         if self.hf_param_dtype not in PARAM_DTYPES:
-            bad("hf_param_dtype", f"must be one of {PARAM_DTYPES}")
+            raise field_error(self, "hf_param_dtype", f"must be one of {PARAM_DTYPES}")
         if not self.temperature > 0:
-            bad("temperature", "must be > 0")
+            raise field_error(self, "temperature", "must be > 0")
         for field in ("cold_start_lr", "lr", "kl"):
             if not getattr(self, field) >= 0:
-                bad(field, "must be >= 0")
+                raise field_error(self, field, "must be >= 0")
         if not 0 < self.clip_eps < 1:
-            bad("clip_eps", "must be in (0, 1)")
+            raise field_error(self, "clip_eps", "must be in (0, 1)")
         if not self.max_grad_norm > 0:
-            bad("max_grad_norm", "must be > 0")
+            raise field_error(self, "max_grad_norm", "must be > 0")
         if self.kl_kind not in KL_KINDS:
-            bad("kl_kind", f"must be one of {KL_KINDS}")
+            raise field_error(self, "kl_kind", f"must be one of {KL_KINDS}")
         if self.loss_agg not in LOSS_AGGREGATIONS:
-            bad("loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
+            raise field_error(self, "loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
 
     @classmethod
     def from_config(cls, cfg: Any) -> "MetaConfig":

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from derl_jax.config import field_error
 from derl_jax.rl.grpo import GRPOConfig
 
 DISPATCH_MODES = ("auto", "batched", "loop")
@@ -81,35 +82,33 @@ class InnerConfig:
     return_params: bool = True
 
     def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"InnerConfig.{name}={getattr(self, name)!r}: {why}")
-
         def integer(name, minimum):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-                bad(name, f"must be an int >= {minimum}")
+                raise field_error(self, name, f"must be an int >= {minimum}")
 
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_batch_size", "host_workers"):
             integer(name, 1)
         for name in ("final_steps", "top_k", "chunk_size", "budget_tokens"):
             integer(name, 0)
         if not self.temperature > 0:
-            bad("temperature", "must be > 0")
+            raise field_error(self, "temperature", "must be > 0")
         if not isinstance(self.grpo, GRPOConfig):
-            bad("grpo", "must be a GRPOConfig")
+            raise field_error(self, "grpo", "must be a GRPOConfig")
         if self.dispatch not in DISPATCH_MODES:
-            bad("dispatch", f"must be one of {DISPATCH_MODES}")
+            raise field_error(self, "dispatch", f"must be one of {DISPATCH_MODES}")
         if self.budget_reference not in BUDGET_REFERENCES:
-            bad("budget_reference", f"must be one of {BUDGET_REFERENCES}")
+            raise field_error(self, "budget_reference", f"must be one of {BUDGET_REFERENCES}")
         if not math.isfinite(self.budget_factor):
-            bad("budget_factor", "must be finite")
+            raise field_error(self, "budget_factor", "must be finite")
         if not math.isfinite(self.time_limit_s) or self.time_limit_s < 0:
-            bad("time_limit_s", "must be finite and >= 0")
+            raise field_error(self, "time_limit_s", "must be finite and >= 0")
         object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, group_size=int(self.group_size)))
         if not self.final_steps:
             object.__setattr__(self, "final_steps", int(self.steps))
         if self.rollouts_per_step % self.grpo.minibatches:
-            bad("grpo", f"minibatches={self.grpo.minibatches} must divide the {self.rollouts_per_step} rollouts per step")
+            raise field_error(self, "grpo", f"minibatches={self.grpo.minibatches} must divide the "
+                                            f"{self.rollouts_per_step} rollouts per step")
 
     @property
     def uses_reference(self) -> bool:

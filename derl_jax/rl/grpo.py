@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from derl_jax.config import field_error
+
 KL_KINDS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -206,33 +208,30 @@ class GRPOConfig:
     warmup_steps: int = 0
 
     def __post_init__(self):
-        def bad(field, why):
-            raise ValueError(f"GRPOConfig.{field}={getattr(self, field)!r}: {why}")
-
         if self.group_size < 1:
-            bad("group_size", "must be >= 1")
+            raise field_error(self, "group_size", "must be >= 1")
         if self.clip_low < 0 or self.clip_high < 0 or self.clip_low >= 1:
-            bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0 (clip_high={self.clip_high})")
+            raise field_error(self, "clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0 (clip_high={self.clip_high})")
         if self.kl_coef < 0:
-            bad("kl_coef", "must be >= 0")
+            raise field_error(self, "kl_coef", "must be >= 0")
         if self.kl_kind not in KL_KINDS:
-            bad("kl_kind", f"must be one of {KL_KINDS}")
+            raise field_error(self, "kl_kind", f"must be one of {KL_KINDS}")
         if self.loss_agg not in LOSS_AGGREGATIONS:
-            bad("loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
+            raise field_error(self, "loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
         if self.epochs < 1:
-            bad("epochs", "must be >= 1")
+            raise field_error(self, "epochs", "must be >= 1")
         if self.minibatches < 1:
-            bad("minibatches", "must be >= 1")
+            raise field_error(self, "minibatches", "must be >= 1")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            bad("max_grad_norm", "must be > 0 or None")
+            raise field_error(self, "max_grad_norm", "must be > 0 or None")
         if self.learning_rate < 0:
-            bad("learning_rate", "must be >= 0")
+            raise field_error(self, "learning_rate", "must be >= 0")
         if self.optimizer not in OPTIMIZERS:
-            bad("optimizer", f"must be one of {OPTIMIZERS}")
+            raise field_error(self, "optimizer", f"must be one of {OPTIMIZERS}")
         if self.weight_decay and self.optimizer != "adamw":
-            bad("weight_decay", f"only applies to optimizer='adamw', got optimizer={self.optimizer!r}")
+            raise field_error(self, "weight_decay", f"only applies to optimizer='adamw', got optimizer={self.optimizer!r}")
         if self.warmup_steps < 0:
-            bad("warmup_steps", "must be >= 0")
+            raise field_error(self, "warmup_steps", "must be >= 0")
 
     @classmethod
     def from_mapping(cls, fields: Mapping[str, Any]) -> "GRPOConfig":

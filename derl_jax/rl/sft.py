@@ -40,6 +40,7 @@ import optax
 from flax import nnx, struct
 
 from derl_jax.checkpoint import atomic_write, atomic_write_json
+from derl_jax.config import field_error
 from derl_jax.domains.base import Domain
 from derl_jax.models.sampling import sequence_logprobs
 from derl_jax.models.transformer import ModelConfig, abstract_model, default_compute_dtype, init_params, tiny_config
@@ -72,21 +73,18 @@ class SFTConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"SFTConfig.{name}={getattr(self, name)!r}: {why}")
-
         if not isinstance(self.steps, int) or self.steps < 0:
-            bad("steps", "must be an int >= 0")
+            raise field_error(self, "steps", "must be an int >= 0")
         if not self.learning_rate > 0:
-            bad("learning_rate", "must be > 0")
+            raise field_error(self, "learning_rate", "must be > 0")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            bad("batch_size", "must be an int >= 1")
+            raise field_error(self, "batch_size", "must be an int >= 1")
         if not 0.0 <= self.warmup_fraction < 1.0:
-            bad("warmup_fraction", "must be in [0, 1)")
+            raise field_error(self, "warmup_fraction", "must be in [0, 1)")
         if not 0.0 <= self.final_lr_fraction <= 1.0:
-            bad("final_lr_fraction", "must be in [0, 1]")
+            raise field_error(self, "final_lr_fraction", "must be in [0, 1]")
         if self.weight_decay < 0:
-            bad("weight_decay", "must be >= 0")
+            raise field_error(self, "weight_decay", "must be >= 0")
 
 
 @struct.dataclass
