@@ -89,31 +89,36 @@ REPLAY_CHUNK = 64  # rows per call of the jitted constraint replay (one compiled
 class MetaConfig:
     """Settings of the Meta-Optimizer (module docstring). Build with `MetaConfig.from_config`."""
 
-    backbone: str = "scratch"
-    hidden_size: int = 64
-    intermediate_size: int = 128
+    backbone: str = "scratch"                   # one of BACKBONES
+    # scratch model size (the fields of derl_jax.config.MODEL_SIZE_FIELDS)
+    hidden_size: int = 64                       # D
+    intermediate_size: int = 128                # MLP width
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 4                          # query heads
+    num_kv_heads: int = 2                       # key/value heads; divides num_heads
     head_dim: int = 16
-    hf_path: str = ""
-    hf_tokenizer: str = ""
-    hf_param_dtype: str = "float32"
-    task_description: str = ""
-    primitive_descriptions: tuple[str, ...] = ()
-    temperature: float = 1.0
-    cold_start_corpus: int = 200
-    cold_start_steps: int = 150
+    # hf backbone
+    hf_path: str = ""                           # local checkpoint directory
+    hf_tokenizer: str = ""                      # tokenizer directory ("" = hf_path)
+    hf_param_dtype: str = "float32"             # one of PARAM_DTYPES
+    task_description: str = ""                  # the task, in the instruction prompt
+    primitive_descriptions: tuple[str, ...] = ()  # one line per primitive g1..gk, in the prompt
+    temperature: float = 1.0                    # sampling temperature (> 0)
+    # cold start: SFT on the corpus inside `init`
+    cold_start_corpus: int = 200                # expressions in the corpus
+    cold_start_steps: int = 150                 # Adam steps (0 = no cold start)
     cold_start_lr: float = 3e-3
-    cold_start_batch_size: int = 32
-    cold_start_seed: int = 0
-    lr: float = 1e-4
-    kl: float = 0.01
-    kl_kind: str = "k3"
-    epochs: int = 1
-    clip_eps: float = 0.2
-    max_grad_norm: float = 1.0
-    loss_agg: str = "token_mean"
+    cold_start_batch_size: int = 32             # sequences per step
+    cold_start_seed: int = 0                    # seed of the corpus
+    # GRPO update
+    lr: float = 1e-4                            # AdamW learning rate
+    kl: float = 0.01                            # weight of the KL term to the reference
+    kl_kind: str = "k3"                         # one of KL_KINDS
+    epochs: int = 1                             # full-batch steps per update
+    clip_eps: float = 0.2                       # ratio clip, in (0, 1)
+    max_grad_norm: float = 1.0                  # global gradient-norm clip
+    loss_agg: str = "token_mean"                # one of LOSS_AGGREGATIONS
+    # checked against the grammar by `check_grammar` (None = not checked)
     max_symbols: int | None = None
     max_depth: int | None = None
     num_primitives: int | None = None

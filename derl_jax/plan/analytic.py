@@ -42,24 +42,22 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 class RunShape:
     """The shapes of one inner-loop step of K candidates on a (cand, data, model) mesh.
 
-    chunk_size: candidates trained at once (0 = all K), as `inner.chunk_size`.
-    reference: whether the step runs a reference-policy forward (KL weight > 0).
     turns: sampling calls per step (multi-turn episodes); each turn's (prompt, action) is a row of the update.
     """
 
     model: ModelConfig
-    num_candidates: int = 1
-    prompts_per_step: int = 1
-    group_size: int = 1
-    prompt_tokens: int = 16
-    new_tokens: int = 16
-    minibatches: int = 1
-    epochs: int = 1
-    optimizer: str = "adamw"
-    reference: bool = False
-    chunk_size: int = 0
-    mesh: tuple[int, int, int] = (1, 1, 1)
-    turns: int = 1
+    num_candidates: int = 1                 # K candidates trained by one step
+    prompts_per_step: int = 1               # B
+    group_size: int = 1                     # G samples per prompt
+    prompt_tokens: int = 16                 # Tp tokens of one prompt
+    new_tokens: int = 16                    # T tokens sampled per row
+    minibatches: int = 1                    # M optimizer steps per epoch
+    epochs: int = 1                         # E passes over the update rows
+    optimizer: str = "adamw"                # one of OPTIMIZERS
+    reference: bool = False                 # runs a reference-policy forward (KL weight > 0)
+    chunk_size: int = 0                     # candidates trained at once (0 = all K), as `inner.chunk_size`
+    mesh: tuple[int, int, int] = (1, 1, 1)  # (cand, data, model) device counts
+    turns: int = 1                          # U sampling calls per step
 
     def __post_init__(self):
         for name in ("num_candidates", "prompts_per_step", "group_size", "prompt_tokens", "new_tokens",

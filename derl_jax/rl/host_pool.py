@@ -33,15 +33,15 @@ from primitives.registry import Primitive
 class CheckerStats:
     """Counters of an `TimedChecker` since it was made."""
 
-    checks: int = 0
-    no_answer: int = 0
-    normal_form_matches: int = 0
-    cache_hits: int = 0
-    dispatched: int = 0
-    timeouts: int = 0
-    errors: int = 0
-    worker_starts: int = 0
-    seconds: float = 0.0
+    checks: int = 0               # (prediction, gold) pairs scored by `check`
+    no_answer: int = 0            # predictions that were None or blank (scored 0)
+    normal_form_matches: int = 0  # pairs with equal `normalize` forms (scored 1, no worker)
+    cache_hits: int = 0           # pairs answered from the score cache
+    dispatched: int = 0           # pairs sent to a worker process
+    timeouts: int = 0             # checks killed for overrunning `timeout_s` (scored 0)
+    errors: int = 0               # checks whose `compare` raised or whose worker died (scored 0)
+    worker_starts: int = 0        # worker processes started, replacements included
+    seconds: float = 0.0          # wall-clock seconds spent inside `check`
 
 
 _WORKER_BOOT = "import sys; from derl_jax.rl.host_pool import serve_checks; serve_checks(int(sys.argv[1]), int(sys.argv[2]))"

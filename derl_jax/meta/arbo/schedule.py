@@ -24,10 +24,10 @@ KINDS = ("adaptive", "explore_only", "exploit_only")
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    kind: str = "adaptive"
-    initial_explore: int = 1
-    patience: int = 2
-    reexplore: int = 1
+    kind: str = "adaptive"    # one of KINDS
+    initial_explore: int = 1  # rounds that explore before the first exploit
+    patience: int = 2         # mu: unaccepted exploit rounds before exploring again
+    reexplore: int = 1        # nu: most rounds of one re-exploration phase
 
     def __post_init__(self):
         if self.kind not in KINDS:
