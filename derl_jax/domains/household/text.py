@@ -23,26 +23,35 @@ from derl_jax.domains.household import vocab
 NO_ENTITY, OBJECT, RECEPTACLE, HELD_OBJECT, HERE = range(5)
 NO_LISTING, OBJECTS_IN_RECEPTACLE, ROOM = range(3)
 _ROOM = "you are in the middle of a room . looking quickly around you , you see"
-# name: (phrase, entity, phrase, entity, phrase, listing, phrase)
+_EMPTY_SLOTS = ("", NO_ENTITY, "", NO_ENTITY, "", NO_LISTING, "")
+
+
+def _format(*slots) -> tuple:
+    """The seven slots (phrase, entity, phrase, entity, phrase, listing, phrase) of a format from
+    its leading ones; the slots left off are empty (no words, no entity, no listing)."""
+    return slots + _EMPTY_SLOTS[len(slots):]
+
+
 FORMATS = {
-    "arrive_open": ("you arrive at", RECEPTACLE, ". on the", RECEPTACLE, ", you see", OBJECTS_IN_RECEPTACLE, "."),
-    "arrive_closed": ("you arrive at", RECEPTACLE, ". the", RECEPTACLE, "is closed .", NO_LISTING, ""),
-    "take": ("you pick up the", OBJECT, "from the", RECEPTACLE, ".", NO_LISTING, ""),
-    "put": ("you put the", OBJECT, "in/on the", RECEPTACLE, ".", NO_LISTING, ""),
-    "open": ("you open the", RECEPTACLE, ". in it , you see", NO_ENTITY, "", OBJECTS_IN_RECEPTACLE, "."),
-    "close": ("you close the", RECEPTACLE, ".", NO_ENTITY, "", NO_LISTING, ""),
-    "use": ("you turn on the", OBJECT, ".", NO_ENTITY, "", NO_LISTING, ""),
-    "clean": ("you clean the", OBJECT, "using the", RECEPTACLE, ".", NO_LISTING, ""),
-    "heat": ("you heat the", OBJECT, "using the", RECEPTACLE, ".", NO_LISTING, ""),
-    "cool": ("you cool the", OBJECT, "using the", RECEPTACLE, ".", NO_LISTING, ""),
-    "examine_object": ("there's nothing special about the", OBJECT, ".", NO_ENTITY, "", NO_LISTING, ""),
-    "examine_open": ("on the", RECEPTACLE, ", you see", NO_ENTITY, "", OBJECTS_IN_RECEPTACLE, "."),
-    "examine_closed": ("the", RECEPTACLE, "is closed .", NO_ENTITY, "", NO_LISTING, ""),
-    "look_middle": (_ROOM, NO_ENTITY, "", NO_ENTITY, "", ROOM, "."),
-    "look_at": ("you are facing the", HERE, ". next to it , you see nothing .", NO_ENTITY, "", NO_LISTING, ""),
-    "carrying": ("you are carrying : a", HELD_OBJECT, ".", NO_ENTITY, "", NO_LISTING, ""),
-    "carrying_nothing": ("you are not carrying anything .", NO_ENTITY, "", NO_ENTITY, "", NO_LISTING, ""),
-    "nothing_happens": ("nothing happens .", NO_ENTITY, "", NO_ENTITY, "", NO_LISTING, ""),
+    "arrive_open": _format("you arrive at", RECEPTACLE, ". on the", RECEPTACLE, ", you see",
+                           OBJECTS_IN_RECEPTACLE, "."),
+    "arrive_closed": _format("you arrive at", RECEPTACLE, ". the", RECEPTACLE, "is closed ."),
+    "take": _format("you pick up the", OBJECT, "from the", RECEPTACLE, "."),
+    "put": _format("you put the", OBJECT, "in/on the", RECEPTACLE, "."),
+    "open": _format("you open the", RECEPTACLE, ". in it , you see", NO_ENTITY, "", OBJECTS_IN_RECEPTACLE, "."),
+    "close": _format("you close the", RECEPTACLE, "."),
+    "use": _format("you turn on the", OBJECT, "."),
+    "clean": _format("you clean the", OBJECT, "using the", RECEPTACLE, "."),
+    "heat": _format("you heat the", OBJECT, "using the", RECEPTACLE, "."),
+    "cool": _format("you cool the", OBJECT, "using the", RECEPTACLE, "."),
+    "examine_object": _format("there's nothing special about the", OBJECT, "."),
+    "examine_open": _format("on the", RECEPTACLE, ", you see", NO_ENTITY, "", OBJECTS_IN_RECEPTACLE, "."),
+    "examine_closed": _format("the", RECEPTACLE, "is closed ."),
+    "look_middle": _format(_ROOM, NO_ENTITY, "", NO_ENTITY, "", ROOM, "."),
+    "look_at": _format("you are facing the", HERE, ". next to it , you see nothing ."),
+    "carrying": _format("you are carrying : a", HELD_OBJECT, "."),
+    "carrying_nothing": _format("you are not carrying anything ."),
+    "nothing_happens": _format("nothing happens ."),
 }
 FORMAT_NAMES = tuple(FORMATS)
 FORMAT = {name: index for index, name in enumerate(FORMAT_NAMES)}
