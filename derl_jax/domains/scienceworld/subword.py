@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from derl_jax.domains.scienceworld.vocab import ids_before_eos, pack_texts
+
 
 class SubwordTable:
     """`Vocabulary`'s interface over a Hugging Face tokenizer (module docstring)."""
@@ -40,13 +42,7 @@ class SubwordTable:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of the ids up to the first eos, padding dropped."""
-        kept = []
-        for i in np.asarray(ids).reshape(-1).tolist():
-            if i == self.eos_id:
-                break
-            if i != self.pad_id:
-                kept.append(i)
-        return self.tokenizer.decode(kept)
+        return self.tokenizer.decode([i for i in ids_before_eos(ids, self.eos_id) if i != self.pad_id])
 
     def decode_batch(self, ids) -> list[str]:
         return [self.decode(row) for row in np.asarray(ids)]
@@ -55,12 +51,7 @@ class SubwordTable:
                      add_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(ids i32[B, length], mask bool[B, length]), padded left (prompts) or right; a text
         longer than `length` raises naming it."""
-        ids, mask = np.full((len(texts), length), self.pad_id, np.int32), np.zeros((len(texts), length), bool)
-        for row, text in enumerate(texts):
-            tokens = self.tokens(text) + [self.eos_id] * add_eos
-            if len(tokens) > length:
-                raise ValueError(f"ScienceWorld token table: text {row} {text[:60]!r} has {len(tokens)} tokens, "
-                                 f"more than {length}")
-            span = slice(length - len(tokens), length) if left_pad else slice(0, len(tokens))
-            ids[row, span], mask[row, span] = tokens, True
-        return ids, mask
+        def tokens(text: str) -> list[int]:
+            return self.tokens(text) + [self.eos_id] * add_eos
+
+        return pack_texts(texts, tokens, length, left_pad, self.pad_id, "ScienceWorld token table")

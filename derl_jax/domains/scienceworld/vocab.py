@@ -15,7 +15,7 @@ the same ids.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -67,15 +67,10 @@ class Vocabulary:
                      add_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(ids i32[B, length], mask bool[B, length]) of `tokens` of every text (with bos / eos),
         padded on the left (prompts) or right; a text longer than `length` raises naming it."""
-        ids, mask = np.full((len(texts), length), self.pad_id, np.int32), np.zeros((len(texts), length), bool)
-        for row, text in enumerate(texts):
-            tokens = [self.bos_id] * add_bos + self.tokens(text) + [self.eos_id] * add_eos
-            if len(tokens) > length:
-                raise ValueError(f"ScienceWorld vocabulary: text {row} {text[:60]!r} has {len(tokens)} tokens, "
-                                 f"more than {length}")
-            span = slice(length - len(tokens), length) if left_pad else slice(0, len(tokens))
-            ids[row, span], mask[row, span] = tokens, True
-        return ids, mask
+        def tokens(text: str) -> list[int]:
+            return [self.bos_id] * add_bos + self.tokens(text) + [self.eos_id] * add_eos
+
+        return pack_texts(texts, tokens, length, left_pad, self.pad_id, "ScienceWorld vocabulary")
 
     def decode_batch(self, ids) -> list[str]:
         """`decode` of every row of i32[B, L]."""
@@ -88,13 +83,28 @@ class Vocabulary:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Words of the ids up to the first <eos>, without padding and <bos>, joined by spaces."""
-        out = []
-        for i in np.asarray(ids).reshape(-1).tolist():
-            if i == self.eos_id:
-                break
-            if i not in (self.pad_id, self.bos_id):
-                out.append(self.words[i] if 0 <= i < len(self.words) else "<unk>")
-        return " ".join(out)
+        kept = [i for i in ids_before_eos(ids, self.eos_id) if i not in (self.pad_id, self.bos_id)]
+        return " ".join(self.words[i] if 0 <= i < len(self.words) else "<unk>" for i in kept)
+
+
+def ids_before_eos(ids, eos_id: int) -> list[int]:
+    """The ids of i32[...] (flattened) before the first `eos_id`."""
+    flat = np.asarray(ids).reshape(-1).tolist()
+    return flat[: flat.index(eos_id)] if eos_id in flat else flat
+
+
+def pack_texts(texts: Sequence[str], tokens: Callable[[str], list[int]], length: int, left_pad: bool, pad_id: int,
+               table: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ids i32[B, length], mask bool[B, length]): `tokens(text)` of every text, padded with `pad_id`
+    on the left (prompts) or right; a text of more than `length` tokens raises naming it and `table`."""
+    ids, mask = np.full((len(texts), length), pad_id, np.int32), np.zeros((len(texts), length), bool)
+    for row, text in enumerate(texts):
+        row_tokens = tokens(text)
+        if len(row_tokens) > length:
+            raise ValueError(f"{table}: text {row} {text[:60]!r} has {len(row_tokens)} tokens, more than {length}")
+        span = slice(length - len(row_tokens), length) if left_pad else slice(0, len(row_tokens))
+        ids[row, span], mask[row, span] = row_tokens, True
+    return ids, mask
 
 
 def build_vocabulary(worker, task_names: Sequence[str], simplifications: str = "easy") -> Vocabulary:
