@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from derl_jax.checkpoint import atomic_write_json
+from derl_jax.meta.strategies.base import CandidateRecord
 
 HISTORY_DIR = "arbo"
 HISTORY_FILE = "history.json"
@@ -42,24 +43,21 @@ NO_BRANCH = None  # Lineage.parent of a candidate that opens a new branch
 
 
 @dataclasses.dataclass(frozen=True)
-class Observation:
-    """One evaluated candidate. id: position in the history; round/index: where it was proposed.
+class Observation(CandidateRecord):
+    """One evaluated candidate: the search loop's `CandidateRecord` as the history keeps it, plus
+    `id`, its position in the history. `iteration` is the round it was proposed in (also `round`).
 
-    curves: name -> per-step values (at most `MAX_CURVE_POINTS`, evenly spaced over the run,
-    first and last step included); empty when the candidate was not trained.
+    curves: name -> per-step values, a tuple of floats (at most `MAX_CURVE_POINTS`, evenly spaced
+    over the run, first and last step included); empty when the candidate was not trained.
     reason: why it was rejected or scored nothing (None when valid and scored).
+    duplicate_of: id of the earlier observation whose training this one shares (None: its own).
     """
 
-    id: int
-    round: int
-    index: int
-    text: str
-    canonical: str | None
-    valid: bool
-    reason: str | None
-    score: float
-    curves: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
-    duplicate_of: int | None = None
+    id: int = dataclasses.field(kw_only=True)
+
+    @property
+    def round(self) -> int:
+        return self.iteration
 
     @property
     def scored(self) -> bool:
@@ -141,7 +139,7 @@ def append_round(history: History, records: Sequence[Any], proposals: Sequence[P
         cid = start + offset
         duplicate = record.duplicate_of
         observations.append(Observation(
-            id=cid, round=history.rounds, index=int(record.index), text=str(record.text),
+            id=cid, iteration=history.rounds, index=int(record.index), text=str(record.text),
             canonical=record.canonical, valid=bool(record.valid), reason=record.reason or None,
             score=float(record.score), curves={str(k): thin_curve(v) for k, v in dict(record.curves).items()},
             duplicate_of=None if duplicate is None else start + int(duplicate)))
@@ -283,24 +281,30 @@ def to_json(history: History) -> dict:
     return {
         "format": FORMAT,
         "rounds": history.rounds,
-        "observations": [
-            {**dataclasses.asdict(o), "curves": {k: [_number(v) for v in vs] for k, vs in o.curves.items()}}
-            for o in history.observations
-        ],
+        "observations": [_observation_to_json(o) for o in history.observations],
         "lineage": [dataclasses.asdict(entry) for entry in history.lineage],
         "belief": {"round": history.belief.round, "diagnoses": list(history.belief.diagnoses),
                    "next_steps": list(history.belief.next_steps), "notes": dict(history.belief.notes)},
     }
 
 
+def _observation_to_json(o: Observation) -> dict:
+    return {"id": o.id, "round": o.round, "index": o.index, "text": o.text, "canonical": o.canonical,
+            "valid": o.valid, "reason": o.reason, "score": o.score,
+            "curves": {k: [_number(v) for v in vs] for k, vs in o.curves.items()}, "duplicate_of": o.duplicate_of}
+
+
+def _observation_from_json(o: Mapping[str, Any]) -> Observation:
+    fields = {k: v for k, v in o.items() if k != "round"}
+    curves = {k: tuple(math.nan if v is None else float(v) for v in vs) for k, vs in o["curves"].items()}
+    return Observation(**{**fields, "iteration": o["round"], "curves": curves})
+
+
 def from_json(data: Mapping[str, Any]) -> History:
     """The inverse of `to_json`; ValueError on another format."""
     if data.get("format") != FORMAT:
         raise ValueError(f"history: unknown format {data.get('format')!r} (expected {FORMAT})")
-    observations = tuple(
-        Observation(**{**o, "curves": {k: tuple(math.nan if v is None else float(v) for v in vs)
-                                       for k, vs in o["curves"].items()}})
-        for o in data["observations"])
+    observations = tuple(_observation_from_json(o) for o in data["observations"])
     belief = data["belief"]
     return History(
         observations=observations,
