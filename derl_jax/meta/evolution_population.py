@@ -62,14 +62,14 @@ def next_generation(
     rng: np.random.Generator,
     n: int,
     *,
-    num_primitives: int,
-    elite: int = 1,
-    tournament: int = 3,
-    mutation_rate: float = 0.5,
-    max_nodes: int = MAX_NODES,
-    max_depth: int = MAX_DEPTH,
-    accept: Accept | None = None,
-    unique_attempts: int = 8,
+    num_primitives: int,           # primitives g1..gk the trees may use
+    elite: int = 1,                # best members carried over unchanged
+    tournament: int = 3,           # members drawn per tournament
+    mutation_rate: float = 0.5,    # probability that a child is a mutation, not a crossover
+    max_nodes: int = MAX_NODES,    # size limit of every tree, members and children
+    max_depth: int = MAX_DEPTH,    # depth limit of every tree, members and children
+    accept: Accept | None = None,  # extra test a child must pass (None: any child within the limits)
+    unique_attempts: int = 8,      # redraws of a child already in the generation
 ) -> list[Expr]:
     """`n` trees: the `elite` best of `population` unchanged, then children of tournament winners.
 
