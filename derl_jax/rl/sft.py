@@ -89,13 +89,12 @@ class SFTConfig:
 
 @struct.dataclass
 class SFTData:
-    """A tokenized corpus: prompts i32[M, Tp], prompt_mask bool[M, Tp],
-    completions i32[M, T], completion_mask bool[M, T] (True on the text and its EOS)."""
+    """A tokenized corpus of M (prompt, completion) pairs."""
 
-    prompts: jax.Array
-    prompt_mask: jax.Array
-    completions: jax.Array
-    completion_mask: jax.Array
+    prompts: jax.Array          # i32[M, Tp]
+    prompt_mask: jax.Array      # bool[M, Tp]
+    completions: jax.Array      # i32[M, T]
+    completion_mask: jax.Array  # bool[M, T], True on the text and its EOS
 
     @property
     def size(self) -> int:
