@@ -62,9 +62,9 @@ class EvolutionStrategy(Strategy):
         self.initialisation = initialisation
         self.optimizer = optimizer
         self.capacity = int(capacity)
-        self.tournament = int(tournament)
-        self.mutation_rate = float(mutation_rate)
-        self.initial_depth = int(initial_depth)
+        # how `EvolutionState.propose` breeds each generation
+        self.breeding = {"tournament": int(tournament), "mutation_rate": float(mutation_rate),
+                         "initial_depth": int(initial_depth)}
 
     @classmethod
     def from_config(cls, name: str, context: base.StrategyContext) -> "EvolutionStrategy":
@@ -108,10 +108,8 @@ class EvolutionStrategy(Strategy):
             evolution.as_generator(key),
             n,
             num_primitives=len(self.primitive_names),
-            initial_depth=self.initial_depth,
-            tournament=self.tournament,
-            mutation_rate=self.mutation_rate,
             accept=_fits_text_limit,
+            **self.breeding,
         )
         return [to_text(tree) for tree in trees], None
 
