@@ -104,11 +104,11 @@ class LeafRuleTest(chex.TestCase):
     """Operators that read a primitive leaf in place see the settled value (VM and reference)."""
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters(
-        (vm.div, [INF, -INF, 1.0, 6.0], [1.0, 2.0, 1e-7, 3.0], [INF, -INF, NAN, 2.0]),
-        (vm.power, [-8.0, 0.0, INF, 4.0], [1 / 3, -1.0, 0.0, 0.5], [NAN, NAN, 1.0, 2.0]),
-        (vm.minimum, [NAN, -INF, 1.0, 2.0], [1.0, 1.0, NAN, 3.0], [NAN, -INF, NAN, 2.0]),
-        (vm.maximum, [NAN, -INF, 1.0, 2.0], [1.0, 1.0, NAN, 3.0], [NAN, 1.0, NAN, 3.0]),
+    @parameterized.named_parameters(
+        ("div", vm.div, [INF, -INF, 1.0, 6.0], [1.0, 2.0, 1e-7, 3.0], [INF, -INF, NAN, 2.0]),
+        ("power", vm.power, [-8.0, 0.0, INF, 4.0], [1 / 3, -1.0, 0.0, 0.5], [NAN, NAN, 1.0, 2.0]),
+        ("minimum", vm.minimum, [NAN, -INF, 1.0, 2.0], [1.0, 1.0, NAN, 3.0], [NAN, -INF, NAN, 2.0]),
+        ("maximum", vm.maximum, [NAN, -INF, 1.0, 2.0], [1.0, 1.0, NAN, 3.0], [NAN, 1.0, NAN, 3.0]),
     )
     def test_rule_functions_before_settling(self, fn, a, b, want):
         # the operators themselves are plain; `settle` (applied to their inputs and results)
