@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -18,8 +16,9 @@ from derl_jax.config import ConfigError, InputError, validate
 from derl_jax.domains import registry
 from derl_jax.domains.scienceworld import engine
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch"))
-import run as launcher  # noqa: E402
+from test_launch import load_launcher
+
+launcher = load_launcher()  # launch/run.py defines absl flags: one module per process
 
 
 def test_registered_with_the_agent_primitives():
