@@ -96,6 +96,7 @@ META = {
     "cold_start_lr": 3e-3,
     "lr": 3e-3,
     "kl": 0.01,
+    "kl_kind": "k3",
     "epochs": 3,
 }
 

@@ -39,7 +39,7 @@ def test_the_shared_blocks_come_from_common_and_only_differences_are_written():
     paper = math_config.get_config()
     changed = {k for k, v in paper.inner.items() if common.INNER[k] != v}
     assert changed == {"steps", "prompts_per_step", "group_size", "lr", "kl", "minibatches", "weight_decay",
-                       "chunk_size", "budget_factor", "time_limit_s"}
+                       "chunk_size", "budget_factor"}  # the wall-clock limit is opt-in (0)
     # 10 epochs of the 6,000-problem inner-training split at 64 prompts per step; 15 of the full 7,500
     assert paper.inner.steps == 10 * 94 and paper.final.steps == 15 * 118
     assert (paper.meta.backbone, paper.mesh.model, paper.outer.iterations) == ("hf", -1, 8)
@@ -52,7 +52,7 @@ def test_gsm8k_imports_the_math_config_and_differs_only_in_its_data():
         g, m = gsm8k.get_config(preset).to_dict(), math_config.get_config(preset).to_dict()
         differs = {k for k in m if g[k] != m[k]}
         assert differs <= {"name", "data", "inner", "final"}, differs
-    assert gsm8k.get_config().data.test == "gsm8k:/data/gsm8k/test.jsonl"
+    assert gsm8k.get_config().data.test == "gsm8k:/data/gsm8k/test.jsonl,math:/data/MATH/test.jsonl"  # Table 1(b): both
     assert gsm8k.get_config("tiny").name == "gsm8k_tiny"
 
 
