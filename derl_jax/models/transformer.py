@@ -378,7 +378,9 @@ class Transformer(nnx.Module):
         score_bias = jnp.where(attention_mask, 0.0, MASKED_SCORE).astype(jnp.float32)
         cos, sin = rotary_tables(positions, config.head_dim, config.rope_theta)
         x = jnp.take(self.embed.embedding[...], tokens, axis=0).astype(config.compute_dtype)
-        run = _run_layer_remat if config.remat else _run_layer
+        # A one-token decode step keeps no activations worth recomputing, and it runs inside the
+        # sampler's scan, where nnx.remat cannot lift the layer's parameters.
+        run = _run_layer_remat if config.remat and length > 1 else _run_layer
         for layer_index, layer in enumerate(self.layers):
             x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index)
         return self.final_norm(x), cache
