@@ -77,11 +77,16 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
+# The launches of this module compile the same programs: a persistent compilation cache shared
+# by their processes saves most of the compile time of every launch after the first.
+COMPILE_CACHE = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 def _env(**extra) -> dict:
     env = dict(os.environ)
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "DERL_DISTRIBUTED"):
         env.pop(name, None)
-    env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", **extra})
+    env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", **COMPILE_CACHE, **extra})
     return env
 
 
@@ -153,6 +158,7 @@ def _search_files(workdir: str) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("multiprocess")
+    COMPILE_CACHE["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("compile_cache"))
     wrapper = str(root / "audited.py")
     with open(wrapper, "w", encoding="utf-8") as handle:
         handle.write(AUDIT_WRAPPER)
