@@ -23,6 +23,7 @@ their own config fields in `check_config(cfg, name)` (see `derl_jax.meta.strateg
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -105,7 +106,7 @@ class StrategyContext:
         return (self.optimizer_factory or default_optimizer_factory)(self.cfg, self.grammar)
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """One outer-loop method (module docstring). Subclasses override `init`, `propose`, `update`
     and, when they have state worth logging or saving, `metrics`, `checkpoint`, `restore`."""
 
@@ -122,14 +123,17 @@ class Strategy:
     def check_config(cls, cfg: Any, name: str) -> None:
         """Raise `derl_jax.config.ConfigError` naming the field when `cfg` cannot run `name`."""
 
+    @abc.abstractmethod
     def init(self, key: Any) -> Any:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     def propose(self, state: Any, key: Any, n: int) -> tuple[list[str], Any]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     def update(self, state: Any, records: Sequence[CandidateRecord], scores: np.ndarray, aux: Any) -> Any:
-        raise NotImplementedError
+        """See the class docstring."""
 
     def metrics(self, state: Any) -> dict[str, float | None]:
         return {}
