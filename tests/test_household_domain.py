@@ -80,7 +80,7 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
     assert len(texts) == len(pairs) > 0
     prompts, prompt_mask = domain.tokenizer.encode_batch([p for p, _ in texts], domain.prompt_length,
                                                          left_pad=True, add_bos=True)
-    actions, action_mask = domain.tokenizer.encode_batch([a for _, a in texts], domain.max_new_tokens + 1,
+    actions, action_mask = domain.tokenizer.encode_batch([a for _, a in texts], domain.max_new_tokens,
                                                          left_pad=False, add_eos=True)
     for row, (prompt, action) in enumerate(pairs):
         assert prompts[row][prompt_mask[row]].tolist() == prompt.tolist()
@@ -90,6 +90,17 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
     assert len(more) > len(texts) and more[: len(texts)] == texts
     with pytest.raises(ValueError, match="holdout_rows"):
         domain.corpus(7, [99], {})
+
+
+@pytest.mark.parametrize("self_guide", [False, True])
+def test_every_corpus_completion_fits_the_generation_budget_with_eos(self_guide):
+    """All-random turns (the longest word strings included) end in <eos> within max_new_tokens,
+    the completion length the warm start encodes to."""
+    cfg = config(self_guide=self_guide, num_train=200)
+    built = get_domain("household").build(cfg)
+    texts = built.corpus(3, [], {"sft_perturb_rate": 1.0})
+    lengths = [len(built.tokenizer.encode(a, add_eos=True)) for _, a in texts]
+    assert max(lengths) == built.max_new_tokens == 8 + int(self_guide)
 
 
 @pytest.mark.parametrize("preset", ["default", "smoke"])

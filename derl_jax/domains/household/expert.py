@@ -113,7 +113,7 @@ def _random_action(state: HouseholdState, u: jax.Array) -> jax.Array:
     formed = A.make_action(tag, template, _pick(u[2], task.obj_type >= 0), _pick(u[3], task.recep_type >= 0), task)
     first_word = len(vocab.SPECIALS)
     soup = (first_word + jnp.floor(u[6:-1] * (vocab.VOCAB_SIZE - first_word))).astype(jnp.int32)
-    soup_length = 1 + jnp.floor(u[4] * A.ACTION_LENGTH)
+    soup_length = 1 + jnp.floor(u[4] * A.BODY_LENGTH)     # room for the <eos> a completion ends with
     soup = jnp.where(jnp.arange(A.ACTION_LENGTH) < soup_length, soup, vocab.PAD_ID)
     return jnp.where(u[5] < 0.2, soup, formed).astype(jnp.int32)
 
