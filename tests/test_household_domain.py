@@ -36,10 +36,12 @@ def test_domain_splits_are_the_level_splits(domain):
     words = vocab.WordVocab()
     for row in range(3):
         prompt = np.asarray(domain.train.prompts[row])[np.asarray(domain.train.prompt_mask[row])]
-        assert prompt.tolist() == words.encode(words.decode(train.description[row]), add_bos=True)
+        room = words.decode(np.asarray(domain.env.reset(jax.random.PRNGKey(0), {n: getattr(train, n)[row] for n in household_env.TASK_FIELDS})[0]))
+        assert prompt.tolist() == words.encode(words.decode(train.description[row]) + " " + room, add_bos=True)
+        assert room.startswith("you are in the middle of a room")
     assert domain.primitive_names == ("outcome", "phase_first", "phase_middle", "phase_last")
     assert domain.rollout == "env" and domain.max_new_tokens == domain.env.action_length == 8
-    assert domain.prompt_length == 13 + 2 * (8 + 64)
+    assert domain.prompt_length == 13 + 64 + 2 * (8 + 64)
     assert domain.info["test_kinds"] == ["cool", "pick_two"] and domain.info["test_unseen"]
 
 

@@ -103,7 +103,8 @@ def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
     first_prompt, first_action = corpus[0]
     description = np.asarray(tasks.description[0])
     obs0, obs1 = episodes["obs"][0, 0], episodes["obs"][0, 1]
-    expected = [vocab.BOS_ID, *description[description != vocab.PAD_ID], *obs0[obs0 != vocab.PAD_ID]]
+    room = obs0[obs0 != vocab.PAD_ID].tolist()       # the task prompt ends with the room, the window starts with it
+    expected = [vocab.BOS_ID, *description[description != vocab.PAD_ID], *room, *room]
     assert first_prompt.tolist() == expected
     assert first_action.tolist() == [t for t in actions[0, 0].tolist() if t != vocab.PAD_ID]
     second_prompt, _ = corpus[1]

@@ -123,14 +123,14 @@ def test_vocabulary_round_trip_and_errors():
     assert len(set(vocab.WORDS)) == vocab.VOCAB_SIZE and vocab.WORDS[vocab.PAD_ID] == "<pad>"
 
 
-def reference_prompt(description, turns) -> list[int]:
+def reference_prompt(description, room, turns) -> list[int]:
     """The prompt of build_prompt written with Python lists: turns = [(action or None, obs)]."""
     def real(ids):
         ids = [int(i) for i in np.asarray(ids)]
         ids = ids[: ids.index(vocab.EOS_ID)] if vocab.EOS_ID in ids else ids
         return [i for i in ids if i != vocab.PAD_ID]
 
-    out = [vocab.BOS_ID] + real(description)
+    out = [vocab.BOS_ID] + real(description) + real(room)
     for action, obs in turns:
         out += (real(action) if action is not None else []) + real(obs)
     return out
@@ -141,8 +141,11 @@ def test_prompt_builder_matches_a_list_reference(window):
     rng = np.random.default_rng(window)
     length = P.prompt_length(window)
     description = VOCAB.encode_padded("put a hot apple in shelf .", T.DESCRIPTION_LENGTH)
-    task_tokens = jax.jit(P.task_prompt)(description)
-    assert np.asarray(task_tokens).tolist()[-8:] == [vocab.BOS_ID] + VOCAB.encode("put a hot apple in shelf .")
+    room = VOCAB.encode_padded("you see a shelf 1 , a sinkbasin 1 .", 64)
+    task_tokens = jax.jit(P.task_prompt)(description, room)
+    assert np.asarray(task_tokens).tolist()[-18:] == [vocab.BOS_ID] + VOCAB.encode(
+        "put a hot apple in shelf . you see a shelf 1 , a sinkbasin 1 .")
+    assert task_tokens.shape == (P.TASK_PROMPT_LENGTH,) == (1 + T.DESCRIPTION_LENGTH + 64,)
     build, push = jax.jit(P.build_prompt), jax.jit(P.push_history)
 
     def random_obs():
@@ -156,7 +159,7 @@ def test_prompt_builder_matches_a_list_reference(window):
     turns = [(None, first)]
     for turn in range(5):
         tokens, mask = build(task_tokens, history)
-        expected = reference_prompt(description, turns[-window:])
+        expected = reference_prompt(description, room, turns[-window:])
         assert tokens.shape == (length,) and int(mask.sum()) == len(expected)
         assert np.asarray(tokens)[np.asarray(mask)].tolist() == expected
         assert not np.any(np.asarray(mask)[: length - len(expected)])          # left padded

@@ -34,7 +34,7 @@ def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, 
 
     description i32[D]; obs i32[S+1, O] (obs[t] seen at turn t); actions i32[S, A].
     """
-    task_tokens = task_prompt(description)
+    task_tokens = task_prompt(description, obs[0])
 
     def turn(history: History, step):
         action, next_obs = step

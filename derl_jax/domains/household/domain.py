@@ -11,7 +11,8 @@ Policy block options read by the warm-start corpus: sft_perturb_rate (share of r
 actions mixed into the expert's turns, default 0.3), sft_extra_tasks (fresh training-type
 tasks played besides the training split, default 0).
 
-A split is a TokenDataset: prompts = <bos> + the task description (left padded), context = the
+A split is a TokenDataset: prompts = <bos> + the task description + the observation at reset
+(the room's receptacles; left padded), context = the
 `Task` fields per row (what `HouseholdEnv.reset` reads). Primitives: the agent family
 (outcome, phase_first, phase_middle, phase_last), outcome first.
 """
@@ -45,8 +46,9 @@ DEFAULT_SELF_REWARDS = (0.1, 0.0, -0.1)
 
 
 def make_dataset(tasks: T.Task) -> TokenDataset:
-    """The TokenDataset of a task batch: task prompts i32[M, D+1] and the Task fields as context."""
-    prompts = np.asarray(jax.vmap(task_prompt)(jnp.asarray(tasks.description)))
+    """The TokenDataset of a task batch: task prompts i32[M, D+O+1] and the Task fields as context."""
+    rooms, _ = jax.vmap(HouseholdEnv().reset, in_axes=(None, 0))(jax.random.PRNGKey(0), T.to_device(tasks))
+    prompts = np.asarray(jax.vmap(task_prompt)(jnp.asarray(tasks.description), rooms))
     context = {name: jnp.asarray(getattr(tasks, name)) for name in TASK_FIELDS}
     return TokenDataset(prompts=jnp.asarray(prompts), prompt_mask=jnp.asarray(prompts != vocab.PAD_ID),
                         context=context)

@@ -1,12 +1,16 @@
 """A scripted expert, its perturbed version, and jitted vmapped episode rollouts.
 
-`expert_action(state)` reads the full state (like ALFWorld's handcoded expert, it knows where
-everything is) and returns the next action with a correct tag; it decides from the current state
-only, so it recovers after any detour. Its plan for one goal object: go to it, open its
+`expert_action(state)` returns the next action with a correct tag; it decides from the current
+state only, so it recovers after any detour. It acts only on what it has seen: an object's place
+is known once the agent has stood at that receptacle while it was open (the observation listed
+its contents). Until the object it needs is known it searches: the receptacles in the order the
+room lists them, skipping searched ones, opening closed ones. So every action it takes can be
+read off the prompt (the room listing, the last actions and observations), which is what makes
+it a demonstrator a policy can imitate. Its plan for one goal object: find it, go to it, open its
 receptacle if closed, take it; for clean / heat / cool go to the appliance and use it; for
-examine go to the lamp and switch it on; otherwise go to the goal receptacle (the first of
-that type), open it if closed, and put the object in. Holding something else, it puts it down
-where it stands first.
+examine find the lamp, go to it and switch it on; otherwise go to the goal receptacle (the first
+of that type), open it if closed, and put the object in. Holding something else, it puts it
+down where it stands first.
 
 `perturbed_policy(rate)(state, key)`: with probability `rate` a random action instead (a random
 template over random entities of the room with a random tag, often invalid; one in five is a
@@ -48,6 +52,10 @@ def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Arra
     lamp = _first(jnp.asarray(vocab.LIGHT_SOURCE)[jnp.maximum(task.obj_type, 0)] & (task.obj_type >= 0))
     lamp_loc = state.obj_loc[jnp.maximum(lamp, 0)]
     is_open = accessible(state)
+    searched = state.visited & is_open & (task.recep_type >= 0)           # bool[R]: contents seen
+    seen = (state.obj_loc >= 0) & searched[jnp.maximum(state.obj_loc, 0)]   # bool[Ob]
+    unsearched = _first((task.recep_type >= 0) & ~searched)
+    search_step = (jnp.where(here == unsearched, A.OPEN, A.GO), jnp.int32(0), jnp.maximum(unsearched, 0))
 
     def go_or(dest, template_there, obj, recep_there):
         """Go to `dest`; once there open it if it is closed and the action needs it, else act."""
@@ -59,7 +67,7 @@ def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Arra
     holding = held_object(state)
     held = jnp.maximum(holding, 0)
     # Holding a goal object.
-    examine_step = go_or(lamp_loc, A.USE, lamp, lamp_loc)
+    examine_step = _either(seen[jnp.maximum(lamp, 0)], go_or(lamp_loc, A.USE, lamp, lamp_loc), search_step)
     treat_template = jnp.select([kind == CLEAN, kind == HEAT], [A.CLEAN, A.HEAT], A.COOL)
     treat_step = go_or(appliance, treat_template, held, appliance)
     place_step = go_or(target_recep, A.PUT, held, target_recep)
@@ -71,11 +79,17 @@ def expert_choice(state: HouseholdState) -> tuple[jax.Array, jax.Array, jax.Arra
     drop_step = go_or(drop_spot, A.PUT, held, drop_spot)
     # Hands free: fetch the first goal object not already where pick_two wants it.
     wanted = is_goal & ~((kind == PICK_TWO) & (state.obj_loc == target_recep))
-    fetch = jnp.maximum(_first(wanted), 0)
-    fetch_step = go_or(state.obj_loc[fetch], A.TAKE, fetch, state.obj_loc[fetch])
+    fetch = _first(wanted & seen)
+    at = state.obj_loc[jnp.maximum(fetch, 0)]
+    fetch_step = _either(fetch >= 0, go_or(at, A.TAKE, jnp.maximum(fetch, 0), at), search_step)
     return jax.tree_util.tree_map(
         lambda g, d, f: jnp.where(holding >= 0, jnp.where(is_goal[held], g, d), f).astype(jnp.int32),
         goal_step, drop_step, fetch_step)
+
+
+def _either(condition: jax.Array, then, otherwise):
+    """The (template, object, receptacle) triple `then` where `condition` holds, else `otherwise`."""
+    return tuple(jnp.where(condition, a, b).astype(jnp.int32) for a, b in zip(then, otherwise))
 
 
 def tagged(state: HouseholdState, template, obj, recep) -> jax.Array:

@@ -3,14 +3,17 @@
 The layout is the multi-turn rollout's (`derl_jax.rl.rollout.turn_prompts`), so the supervised
 corpus and the inner loop show the policy the same prompts:
 
-    <bos> description   a_{t-W} o_{t-W+1}   ...   a_{t-1} o_t
+    <bos> description room   a_{t-W} o_{t-W+1}   ...   a_{t-1} o_t
+
+where `room` is the observation at reset (the room's receptacles, as ALFWorld's prompts start
+with the task and the first look around the room).
 
 Slot j of the window holds an action and the observation it led to; at reset the last slot
 holds only o_0 (its action is padding). Pad tokens (and anything from an action's first eos on)
 are dropped and the prompt is left-padded to `prompt_length(W)`. `task_prompt`, `push_history`
 and `build_prompt` are pure and jit/vmap-able.
 
-Shapes: D description tokens, Tp = D + 1 task prompt tokens, W window turns, O observation
+Shapes: D description tokens, Tp = D + O + 1 task prompt tokens, W window turns, O observation
 tokens, A action tokens, P = prompt_length(W).
 """
 
@@ -25,7 +28,7 @@ from derl_jax.domains.household.actions import ACTION_LENGTH, truncate_at_eos
 from derl_jax.domains.household.env import OBS_LENGTH
 from derl_jax.domains.household.tasks import DESCRIPTION_LENGTH
 
-TASK_PROMPT_LENGTH = 1 + DESCRIPTION_LENGTH
+TASK_PROMPT_LENGTH = 1 + DESCRIPTION_LENGTH + OBS_LENGTH
 
 
 def prompt_length(window: int, obs_length: int = OBS_LENGTH, action_length: int = ACTION_LENGTH,
@@ -36,9 +39,11 @@ def prompt_length(window: int, obs_length: int = OBS_LENGTH, action_length: int 
     return task_length + window * (action_length + obs_length)
 
 
-def task_prompt(description: jax.Array) -> jax.Array:
-    """i32[D+1]: <bos> and the description i32[D], left-padded (a row of the domain's prompts)."""
-    tokens = jnp.concatenate([jnp.array([vocab.BOS_ID], jnp.int32), description.astype(jnp.int32)])
+def task_prompt(description: jax.Array, room: jax.Array) -> jax.Array:
+    """i32[D+O+1]: <bos>, the description i32[D] and the observation at reset `room` i32[O],
+    left-padded (a row of the domain's prompts)."""
+    tokens = jnp.concatenate([jnp.array([vocab.BOS_ID], jnp.int32), description.astype(jnp.int32),
+                              room.astype(jnp.int32)])
     return text.pack(tokens, tokens != vocab.PAD_ID, tokens.shape[0], left=True)
 
 
