@@ -48,7 +48,7 @@ def correct_tag(tracker: T.TagTracker, action: str, observation: str) -> str:
 
 def play(worker, task: str, variation: int, seed: int, perturb_rate: float, vocab: Vocabulary, *,
          description_length: int, obs_length: int, action_length: int, window: int, max_turns: int,
-         simplifications: str = "easy") -> list[tuple[str, str]]:
+         simplifications: str = "easy", phrasing: T.Phrasing = T.SCIENCEWORLD) -> list[tuple[str, str]]:
     """(prompt text, action text) per turn of one perturbed gold episode (module docstring);
     turns whose action would not fit in `action_length - 1` tokens (room for eos) are played
     but not kept."""
@@ -59,7 +59,7 @@ def play(worker, task: str, variation: int, seed: int, perturb_rate: float, voca
     task_ids = vocab.tokens(worker.task_description())[:description_length]
     first = worker.reset(describe_task=False)   # the prompt carries the description
     slots = [([], [])] * (window - 1) + [([], _ids(vocab.encode(first, obs_length), vocab))]
-    tracker = T.TagTracker(visited={T.start_location(first)} - {None})
+    tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
     score, pairs = 0.0, []
     plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
     for step in plan[:max_turns]:

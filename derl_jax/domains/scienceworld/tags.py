@@ -44,11 +44,23 @@ _OPENED = re.compile(r"^the (.+?) is now open", re.IGNORECASE)
 _OPEN_ACTION = re.compile(r"^open (.+)$", re.IGNORECASE)
 
 
-def _opened_receptacle(action: str, observation: str) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class Phrasing:
+    """How an engine words a move and an opening: `moved` matches an answer that reached a
+    place (group 1 names it), `opened` an answer to `open X` that opened X."""
+
+    moved: re.Pattern
+    opened: re.Pattern
+
+
+SCIENCEWORLD = Phrasing(_MOVED, _OPENED)
+
+
+def _opened_receptacle(action: str, observation: str, phrasing: Phrasing = SCIENCEWORLD) -> str | None:
     """The receptacle this step opened ('open cupboard' answered 'The cupboard is now open.'),
     named as the action names it; doors are passages, not receptacles."""
     target = _OPEN_ACTION.match(action.strip())
-    if not (target and _OPENED.match(observation.strip())) or target.group(1).lower().startswith("door"):
+    if not (target and phrasing.opened.match(observation.strip())) or target.group(1).lower().startswith("door"):
         return None
     return target.group(1).lower()
 
@@ -62,6 +74,7 @@ class TagTracker:
     subgoal_done: bool = False
     visited: set = dataclasses.field(default_factory=set)
     opened: set = dataclasses.field(default_factory=set)
+    phrasing: Phrasing = SCIENCEWORLD   # the engine's wording of moves and openings
 
 
 def split_tag(text: str) -> tuple[str | None, str]:
@@ -90,7 +103,8 @@ def correct_tags(tracker: TagTracker, action: str, observation: str) -> set[str]
         tags.add(PLAN)
     if tracker.last_failed:
         tags.add(REFLECT)
-    moved, opened = _MOVED.match(observation.strip()), _opened_receptacle(action, observation)
+    moved = tracker.phrasing.moved.match(observation.strip())
+    opened = _opened_receptacle(action, observation, tracker.phrasing)
     if (moved and moved.group(1).lower() not in tracker.visited) or (opened and opened not in tracker.opened):
         tags.add(EXPLORE)
     if not tags:
@@ -106,7 +120,8 @@ def score_step(tracker: TagTracker, tag: str | None, action: str, observation: s
     """
     well_formed = tag is not None and bool(action) and not NOT_PARSED.search(observation.strip())
     good = well_formed and tag in correct_tags(tracker, action, observation)
-    moved, opened = _MOVED.match(observation.strip()), _opened_receptacle(action, observation)
+    moved = tracker.phrasing.moved.match(observation.strip())
+    opened = _opened_receptacle(action, observation, tracker.phrasing)
     if moved:
         tracker.visited.add(moved.group(1).lower())
     if opened:

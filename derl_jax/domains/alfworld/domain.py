@@ -1,0 +1,234 @@
+"""The `alfworld` domain: ALFWorld's engine (TextWorld PDDL games) as a multi-turn ("env") domain on the host.
+
+Config block `domain` (configs/alfworld.py):
+  kind="alfworld"; data_dir: ALFWorld's json_2.1.1 directory ("" = generated games, see
+  problems.py); level: "L0" | "L1" | "L2" (splits.py); kinds: the task kinds played;
+  held_out_kinds: the kinds L2 evaluates on (and does not train on); num_train / num_test:
+  games per kind for training / evaluation; split_seed: the generated games' seed; max_turns
+  per episode; history: the prompt window W; obs_length / action_length: tokens per
+  observation / action; description_length: tokens of the task line in the task prompt;
+  num_workers: worker processes (0 = every game in this process).
+Token ids: with `config.policy.tokenizer` or `config.policy.checkpoint` the policy's own
+tokenizer (`scienceworld.subword`); otherwise a word vocabulary (`scienceworld.vocab`) of
+ALFWorld's grammar, the action verbs, numbers 1..99 and every game's goal and entity names.
+Policy block options read by the warm-start corpus: sft_perturb_rate (default 0.3).
+
+A split is a TokenDataset: prompts = <bos> + "Your task is to: <goal>." (left padded), context
+= {"game": i32[M]} (index into env.games: training games first). Primitives: the agent family
+(outcome, phase_first, phase_middle, phase_last), outcome first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+import primitives.agent  # noqa: F401  (registers the agent primitives)
+from derl_jax.config import ConfigError, InputError, choice, config_value, int_at_least, is_number
+from derl_jax.domains.alfworld import problems as P
+from derl_jax.domains.alfworld import rules
+from derl_jax.domains.alfworld.engine import game_logic
+from derl_jax.domains.alfworld.env import NOTHING, AlfWorldEnv, require_engine
+from derl_jax.domains.alfworld.splits import LEVELS, data_problem, level_games
+from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.scienceworld import corpus as sw_corpus
+from derl_jax.domains.scienceworld.domain import tokenizer_directory
+from derl_jax.domains.scienceworld.vocab import Vocabulary, words
+from primitives import registry
+from primitives.agent import AGENT_PRIMITIVES
+
+DEFAULT_PERTURB_RATE = 0.3
+VERBS = "go to take from move to open close use heat clean cool with examine look inventory"
+_ENTITY = re.compile(r"^\s*(\w+?)_bar_\S*\s+-\s+(?:object|receptacle)\s*$", re.MULTILINE)
+
+
+def task_text(game: P.GameSpec) -> str:
+    """The task line of a game's prompt: "Your task is to: <goal>."."""
+    return f"Your task is to: {game.goal}."
+
+
+def entity_names(game: P.GameSpec) -> set[str]:
+    """The type names of a game's objects and receptacles as ALFWorld names them ("apple", "sinkbasin")."""
+    if isinstance(game.source, dict):
+        problem = game.source["pddl_problem"]
+    else:
+        with open(game.source) as f:
+            problem = json.load(f)["pddl_problem"]
+    return {name.lower() + ("basin" if "basin" in line.lower() else "")
+            for name, line in ((m.group(1), m.group(0)) for m in _ENTITY.finditer(problem))}
+
+
+def grammar_words() -> set[str]:
+    """Words of ALFWorld's feedback texts and command templates (placeholders dropped)."""
+    grammar = game_logic()["grammar"]
+    texts = re.findall(r'"rhs": "(.*?)"', grammar) + re.findall(r'template :: "(.*?)"', grammar)
+    return {w for text in texts for w in words(re.sub(r"\{.*?\}|#.*?#|\\n", " ", text))}
+
+
+def make_vocabulary(games: Sequence[P.GameSpec]) -> Vocabulary:
+    """The word vocabulary of `games` (module docstring); depends only on ALFWorld and the games."""
+    met = grammar_words() | set(words(VERBS)) | {str(n) for n in range(1, 100)} | set(words(NOTHING))
+    for game in games:
+        met |= set(words(task_text(game))) | entity_names(game)
+    return Vocabulary(met, P.KINDS)
+
+
+def make_dataset(games: Sequence[P.GameSpec], first: int, vocab, description_length: int) -> TokenDataset:
+    """prompts i32[M, D+1] (<bos> + task line, left padded), context {"game": i32[M]} = first, first+1, ..."""
+    cut = [vocab.decode(vocab.tokens(task_text(g))[:description_length]) for g in games]
+    prompts, mask = vocab.encode_batch(cut, description_length + 1, left_pad=True, add_bos=True)
+    return TokenDataset(prompts=prompts, prompt_mask=mask,
+                        context={"game": np.arange(first, first + len(games), dtype=np.int32)})
+
+
+def make_alfworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
+    """The ALFWorld Domain of config block `cfg` (`config.domain`); starts the worker processes."""
+    kinds, held_out = tuple(cfg.kinds), tuple(cfg.get("held_out_kinds", ()))
+    train, test = level_games(str(cfg.level), kinds, held_out, int(cfg.num_train), int(cfg.num_test),
+                              str(cfg.get("data_dir", "") or ""), int(cfg.get("split_seed", 0)))
+    if tokenizer_dir:
+        from derl_jax.domains.scienceworld.subword import SubwordTable
+        from derl_jax.models.hf_tokenizer import HFTokenizer
+
+        vocab = SubwordTable(HFTokenizer.from_directory(tokenizer_dir), P.KINDS)
+    else:
+        vocab = make_vocabulary(train + test)
+    env = AlfWorldEnv(train + test, int(cfg.num_workers), vocab=vocab, obs_length=int(cfg.obs_length),
+                      action_length=int(cfg.action_length), max_turns=int(cfg.max_turns))
+    atexit.register(env.close)
+    length = int(cfg.description_length)
+    domain = Domain(
+        name="alfworld",
+        primitives=registry.resolve("agent", AGENT_PRIMITIVES),
+        outcome_index=0,
+        train=make_dataset(train, 0, vocab, length),
+        test=make_dataset(test, len(train), vocab, length),
+        tokenizer=vocab,
+        max_new_tokens=env.action_length,
+        eos_id=vocab.eos_id,
+        pad_id=vocab.pad_id,
+        rollout="env",
+        env=env,
+        history=int(cfg.history),
+        info={"level": str(cfg.level), "kinds": list(kinds), "held_out_kinds": list(held_out),
+              "data_dir": str(cfg.get("data_dir", "") or ""),
+              "train_games": [[g.kind, g.goal] for g in train], "test_games": [[g.kind, g.goal] for g in test],
+              "vocab_size": vocab.vocab_size, "description_length": length},
+    )
+    return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+class ExpertGame:
+    """One game played with the planner, behind the engine interface `scienceworld.corpus.play`
+    uses: `load(kind, game)` starts game `game` of the env, `gold_actions()` is the planner's plan
+    from the start, `step` answers (observation, subgoals completed so far, won)."""
+
+    def __init__(self, env: AlfWorldEnv, worker: int):
+        self.env, self.worker, self.slot, self.game = env, worker, -1, None
+
+    def load(self, task: str, variation: int, simplifications: str = "", gold_path: bool = True) -> None:
+        del task, simplifications, gold_path
+        if self.slot >= 0:
+            self.env.workers.run(self.worker, [("stop", self.slot)])
+        self.slot, self.game, self.subgoals = next(self.env._slots), self.env.games[int(variation)], 0
+        self.first = self.env.workers.run(self.worker, [("start", self.slot, int(variation), True)])[0]
+
+    def gold_actions(self) -> list[str]:
+        return self.env.workers.run(self.worker, [("plan", self.slot)])[0]
+
+    def vocabulary(self) -> set[str]:
+        return entity_names(self.game)
+
+    def task_description(self) -> str:
+        return task_text(self.game)
+
+    def reset(self, describe_task: bool = False) -> str:
+        return self.env.first_observation(self.first) if not describe_task else self.first
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        command = " ".join(action.lower().split())
+        if not rules.well_formed(command):
+            return NOTHING, float(self.subgoals), False
+        observation, won = self.env.workers.run(self.worker, [("step", self.slot, command, False)])[0]
+        g = self.game
+        self.subgoals += rules.subgoal(g.kind, g.obj, g.recep, g.toggle, observation)
+        return observation, float(self.subgoals), won
+
+
+def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                      ) -> list[tuple[str, str]]:
+    """(prompt, completion) texts: every turn of the planner's plan with harmless random actions mixed
+    in (`scienceworld.corpus.play`) of each training row except `holdout_rows`. Prompts carry no
+    <bos> (the encoder adds it), completions no <eos>."""
+    options = {} if options is None else options
+    rate = float(options.get("sft_perturb_rate", DEFAULT_PERTURB_RATE))
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"config.policy.sft_perturb_rate must be in [0, 1], got {rate}")
+    env, games = domain.env, domain.train.context["game"]
+    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    keep = [row for row in range(domain.train.size) if row not in held_out]
+    if not keep:
+        raise ValueError("alfworld corpus: no training rows are left for the supervised corpus")
+    settings = dict(description_length=int(domain.info["description_length"]), obs_length=env.obs_length,
+                    action_length=env.action_length, window=domain.history, max_turns=env.max_turns,
+                    phrasing=rules.PHRASING)
+
+    def play_rows(worker: int) -> list[list[tuple[str, str]]]:
+        expert = ExpertGame(env, worker)
+        return [sw_corpus.play(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate, env.vocab,
+                               **settings) for row in keep[worker::env.workers.size]]
+
+    with ThreadPoolExecutor(env.workers.size) as pool:
+        per_worker = list(pool.map(play_rows, range(env.workers.size)))
+    episodes = [None] * len(keep)
+    for worker, played in enumerate(per_worker):
+        episodes[worker::env.workers.size] = played
+    return [pair for episode in episodes for pair in episode]
+
+
+def validate_alfworld_config(cfg: Any) -> None:
+    """Raise ConfigError naming the first bad field of `config.domain`; InputError saying what to
+    install when the alfworld package is missing, or where to put the data (before anything starts)."""
+    choice(cfg, "domain.level", LEVELS)
+    for field, least in (("num_train", 1), ("num_test", 1), ("max_turns", 1), ("history", 1), ("obs_length", 8),
+                         ("action_length", 4), ("description_length", 8), ("num_workers", 0), ("split_seed", 0)):
+        int_at_least(cfg, f"domain.{field}", least)
+    kinds = config_value(cfg, "domain.kinds")
+    if isinstance(kinds, str) or not kinds or len(set(kinds)) != len(kinds) or any(k not in P.KINDS for k in kinds):
+        raise ConfigError(f"config.domain.kinds must be a tuple of distinct ALFWorld task kinds of {P.KINDS}, got {kinds!r}")
+    held_out = tuple(config_value(cfg, "domain").get("held_out_kinds", ()))
+    outside = [k for k in held_out if k not in kinds]
+    if outside:
+        raise ConfigError(f"config.domain.held_out_kinds {outside} are not in config.domain.kinds")
+    if cfg.domain.level == "L2" and not 0 < len(held_out) < len(kinds):
+        raise ConfigError("config.domain.held_out_kinds must name some but not all of config.domain.kinds for level L2")
+    trained = len(kinds) - (len(held_out) if cfg.domain.level == "L2" else 0)
+    if trained * int(cfg.domain.num_train) < 5:
+        raise ConfigError(f"config.domain.num_train x training kinds must be >= 5 (the 8:2 inner-train/validation "
+                          f"cut), got {int(cfg.domain.num_train)} x {trained}")
+    rate = config_value(cfg, "policy").get("sft_perturb_rate", DEFAULT_PERTURB_RATE)
+    if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
+        raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
+    try:
+        require_engine()
+    except InputError as err:
+        raise InputError(f"config.domain.kind='alfworld': {err}") from None
+    data_dir = str(config_value(cfg, "domain").get("data_dir", "") or "")
+    if data_dir:
+        wrong = data_problem(data_dir, ("train", "valid_seen" if cfg.domain.level == "L0" else "valid_unseen"))
+        if wrong:
+            raise InputError(f"config.domain.data_dir: {wrong}; put ALFWorld's json_2.1.1 directory there (train/, "
+                             "valid_seen/, valid_unseen/ with a game.tw-pddl per game, as `alfworld-download` "
+                             "writes it), or set data_dir='' to play generated games")
+
+
+register_domain(DomainSpec(name="alfworld", build=lambda cfg: make_alfworld_domain(cfg.domain, tokenizer_directory(cfg)),
+                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_alfworld_config))
