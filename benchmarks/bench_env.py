@@ -11,7 +11,9 @@ Rows:
   ScienceWorld     the `scienceworld` engine through `derl_jax.domains.scienceworld.ScienceWorldEnv`
                    (one JVM per worker, the fast step), random word actions, `workers` episodes
                    in parallel; "not installed" when the package or Java is missing.
-  ALFWorld         the `alfworld` engine; "not installed" when the package is missing.
+  ALFWorld         the `alfworld` engine through `derl_jax.domains.alfworld.AlfWorldEnv` (generated
+                   games, `workers` worker processes, 4 episodes each), random well-formed
+                   commands; "not installed" when the package is missing.
   inner loop       one GRPO inner-loop run (`derl_jax.rl.loop.train`, jitted) on the household
                    `smoke` config with a scratch policy: episodes/s = steps * B * G / run time.
 """
@@ -103,12 +105,45 @@ def bench_scienceworld(settings: dict) -> list[dict]:
              "steps_per_s": steps / seconds, "status": "ok"}]
 
 
-def bench_alfworld() -> list[dict]:
+def bench_alfworld(settings: dict) -> list[dict]:
     try:
-        import alfworld  # noqa: F401
-    except ImportError as err:
+        from derl_jax.domains.alfworld import AlfWorldEnv, KINDS, generate_games, require_engine
+        from derl_jax.domains.alfworld.domain import entity_names, make_vocabulary
+        from derl_jax.domains.alfworld.problems import type_split
+
+        require_engine()
+    except (ImportError, ValueError) as err:
         return [{"engine": "ALFWorld", "status": f"not installed ({err.__class__.__name__}: {err})"}]
-    return [{"engine": "ALFWorld", "status": "installed, but the project has no ALFWorld adapter to drive it"}]
+    workers, turns = settings["sw_workers"], settings["sw_turns"]
+    split = type_split(0)
+    games = generate_games(KINDS, 1, 0, *(split[s][0] for s in ("objects", "receptacles", "lamps")))
+    vocab = make_vocabulary(games)
+    episodes = 4 * workers
+    rng = np.random.default_rng(0)
+
+    def command(game: int) -> str:   # a random well-formed command over the game's entities (reaches the engine)
+        names = sorted(entity_names(games[game]))
+        a, b = (f"{names[i]} 1" for i in rng.integers(len(names), size=2))
+        return ["look", f"go to {b}", f"open {b}", f"examine {b}", f"take {a} from {b}"][rng.integers(5)]
+
+    start = time.perf_counter()
+    env = AlfWorldEnv(games, num_workers=workers, vocab=vocab, max_turns=turns + 1)
+    try:
+        tasks = {"game": np.arange(episodes, dtype=np.int32) % len(games)}
+        _, states = env.reset(np.zeros((episodes, 2), np.uint32), tasks)   # loads every game once
+        startup = time.perf_counter() - start
+        _, states = env.reset(np.zeros((episodes, 2), np.uint32), tasks)
+        start = time.perf_counter()
+        for _ in range(turns):
+            texts = [f"act {command(int(g))}" for g in tasks["game"]]
+            actions = np.stack([vocab.encode(t, env.action_length) for t in texts])
+            _, states, _, _, _ = env.step(states, actions)
+        seconds = time.perf_counter() - start
+    finally:
+        env.close()
+    steps = episodes * turns
+    return [{"engine": "ALFWorld", "episodes": episodes, "steps": steps, "compile_s": startup, "run_s": seconds,
+             "steps_per_s": steps / seconds, "status": f"ok ({workers} workers)"}]
 
 
 def bench_inner(settings: dict) -> list[dict]:
@@ -143,7 +178,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-inner", action="store_true", help="skip the inner-loop row")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
-    rows = bench_household(settings) + bench_scienceworld(settings) + bench_alfworld()
+    rows = bench_household(settings) + bench_scienceworld(settings) + bench_alfworld(settings)
     if not args.no_inner:
         rows += bench_inner(settings)
     household_rows = [r for r in rows if r["engine"] == "household (JAX)"]
