@@ -197,3 +197,20 @@ def test_missing_package_says_what_to_install(monkeypatch):
     with pytest.raises(EngineMissing, match="alfworld==0.4.2"):
         AlfWorldEnv([], 2, vocab=None)   # before any worker process starts
     assert task_text(P.GameSpec("k", "a", "b", "", "put a b in c", {})) == "Your task is to: put a b in c."
+
+
+def test_worker_process_reports_errors_and_stops_on_close():
+    from derl_jax.domains.alfworld.engine import Workers
+
+    games = P.generate_games(("pick_and_place_simple",), 1, seed=2, objects=SEEN[0], receptacles=SEEN[1], lamps=SEEN[2])
+    workers = Workers([g.source for g in games], num_workers=1)
+    try:
+        local = Game(games[0].source)
+        assert workers.run(0, [("start", 7, 0, False)]) == [local.reset()]
+        with pytest.raises(RuntimeError, match=r"ALFWorld worker 0 failed:(.|\n)*KeyError: 8"):
+            workers.run(0, [("step", 8, "look", False)])
+        assert workers.run(0, [("step", 7, "look", False)]) == [local.step("look")]   # it still serves
+        procs = list(workers._procs)
+    finally:
+        workers.close()
+    assert all(proc.poll() == 0 for proc in procs)

@@ -132,7 +132,9 @@ class ExpertGame:
     from the start, `step` answers (observation, subgoals completed so far, won)."""
 
     def __init__(self, env: AlfWorldEnv, worker: int):
-        self.env, self.worker, self.slot, self.game = env, worker, -1, None
+        self.env, self.worker, self.slot = env, worker, -1
+        self.game: P.GameSpec | None = None
+        self.first, self.subgoals = "", 0
 
     def load(self, task: str, variation: int, simplifications: str = "", gold_path: bool = True) -> None:
         del task, simplifications, gold_path

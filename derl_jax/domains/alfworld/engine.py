@@ -128,11 +128,15 @@ class Workers:
         for _ in range(num_workers):   # each imports only TextWorld and ALFWorld, not this package
             self._procs.append(subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE,
                                                 stdout=subprocess.PIPE))
-        for proc in self._procs:
-            pickle.dump(list(sources), proc.stdin)
-            proc.stdin.flush()
-        for worker in range(len(self._procs)):
-            self._receive(worker)   # the worker's "ready"
+        try:
+            for proc in self._procs:
+                pickle.dump(list(sources), proc.stdin)
+                proc.stdin.flush()
+            for worker in range(len(self._procs)):
+                self._receive(worker)   # the worker's "ready"
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, worker: int, ops: Sequence[tuple]) -> list[Any]:
         """The results of `ops` on `worker`'s host (thread-safe)."""
@@ -167,8 +171,11 @@ class Workers:
         """Stop the worker processes."""
         for proc in self._procs:
             if proc.poll() is None:
-                proc.stdin.close()
-                proc.wait(timeout=30)
+                try:
+                    proc.stdin.close()
+                    proc.wait(timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    proc.kill()
         self._procs = []
 
 
