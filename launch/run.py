@@ -173,6 +173,8 @@ def plan(cfg: Any, workdir: str, mode: str, expression: str | None = None) -> Pl
     if mode == "final":
         expression, source = final_expression(workdir, expression)
         check_expression(expression, names, flag="--expression" if source == "--expression" else source)
+    if mode == "compare":
+        compare_levels(cfg)
     if _primary_process():  # in a multi-process job process 0 alone writes the run directory
         run_dir.check_writable(workdir)
     return Plan(mode, workdir, expression, names)
@@ -232,13 +234,55 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
         return plan_run(cfg, accelerators, plan_compile)
 
     checked = plan(cfg, workdir, mode, expression)
+    levels = compare_levels(cfg) if mode == "compare" else ()
     lock = run_dir.exclusive(workdir) if _primary_process() else contextlib.nullcontext()  # one lock per run
     with lock:
+        if levels:
+            return compare_per_level(cfg, checked, levels, progress)
         domain = build_domain(cfg)
         if checked.expression is not None:
             check_expression(checked.expression, domain.primitive_names, domain.outcome_index)
         base_params, evaluator = build_inner(domain, cfg, workdir)
         return _run_mode(cfg, checked, domain, base_params, evaluator, progress)
+
+
+def at_level(cfg: Any, level: str) -> Any:
+    """A copy of `cfg` at generalisation level `level`."""
+    copy = cfg.copy_and_resolve_references()
+    with copy.unlocked():
+        copy.domain.level = level
+    return copy
+
+
+def compare_levels(cfg: Any) -> tuple[str, ...]:
+    """`config.compare.levels`, each checked like the domain's own `domain.level` (before anything is built)."""
+    from derl_jax.meta.strategies.validation import compare_levels as levels_of
+
+    levels = levels_of(cfg)
+    for level in levels:
+        try:
+            config_checks.validate(at_level(cfg, level))
+        except ConfigError as err:
+            raise ConfigError(f"config.compare.levels: level {level!r}: {err}") from None
+    return levels
+
+
+def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: bool) -> dict:
+    """The whole compare at each level in `<workdir>/<level>` (its own domain, base policy and
+    report), then `results_levels.md` in the workdir: methods x levels (the paper's Table 1(a))."""
+    from derl_jax.meta import report
+
+    payloads = {}
+    for level in levels:
+        level_cfg = at_level(cfg, level)
+        level_dir = os.path.join(checked.workdir, level)
+        domain = build_domain(level_cfg)
+        base_params, evaluator = build_inner(domain, level_cfg, level_dir)
+        print(f"--- level {level}: {level_dir}")
+        payloads[level] = _run_mode(level_cfg, dataclasses.replace(checked, workdir=level_dir), domain, base_params,
+                                    evaluator, progress)
+    print(report.write_levels_report(checked.workdir, payloads))
+    return payloads
 
 
 def _run_mode(cfg: Any, checked: Plan, domain: Any, base_params: Any, evaluator: Any, progress: bool) -> Any:

@@ -82,6 +82,7 @@ TRAIN_FRACTION = 0.8
 METHOD_RESULT_FILE = "method_result.json"
 FINAL_RESULT_FILE = "final_result.json"
 CANDIDATE_TESTS_FILE = "candidate_tests.json"
+BASE_TEST_FILE = "base_policy_test.json"
 _SEARCH_STREAM, _FINAL_STREAM, _FIXED_VALIDATION_STREAM = 0, 1, 2
 
 
@@ -396,6 +397,7 @@ def compare(
         raise ValueError(f"compare: need at least one method and one seed, got methods={methods}, seeds={seeds}")
     os.makedirs(workdir, exist_ok=True)
     RunLogger(workdir, tensorboard=False).write_config(cfg)
+    base_test = base_policy_test(workdir, domain, evaluator, base_params)
     results: dict[str, list[MethodResult]] = {}
     for method in methods:
         results[method] = [
@@ -406,7 +408,18 @@ def compare(
             )
             for seed in seeds
         ]
-    return write_report(workdir, results)
+    return write_report(workdir, results, base_test=base_test)
+
+
+def base_policy_test(workdir: str, domain: TokenDomain, evaluator: CandidateEvaluator, base_params: Any) -> float:
+    """The base policy's headline test accuracy (before any RL), kept in `workdir/base_policy_test.json`."""
+    path = os.path.join(workdir, BASE_TEST_FILE)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            return float(json.load(handle)["test"])
+    tests = test_accuracies(domain, evaluator, base_params)
+    atomic_write_json(path, {"test": headline_accuracy(tests), "test_sets": tests})
+    return headline_accuracy(tests)
 
 
 def _console(prefix: str) -> Callable[[str], None]:

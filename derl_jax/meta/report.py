@@ -40,8 +40,9 @@ CANDIDATE_TEST_SERIES = "test (mean of candidates)"
 RETRAINED_SERIES = "test (best of iteration, retrained)"
 
 
-def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]]) -> dict:
-    """results.json, results.md and the plots in `workdir`; returns the results.json content."""
+def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None) -> dict:
+    """results.json, results.md and the plots in `workdir`; returns the results.json content.
+    `base_test`: the base policy's test accuracy (before RL), reported beside the methods."""
     workdir = os.fspath(workdir)
     pct = lambda field: {m: [100.0 * _value(r, field) for r in rs] for m, rs in results.items()}  # noqa: E731
     test_md, test_summary = stats.results_table(pct("test"), column="test accuracy (%)", clip=(0.0, 100.0))
@@ -75,6 +76,7 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]]) ->
     retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
     payload = {
         "methods": list(results),
+        "base_policy_test": base_test,
         "test_sets": set_summary,
         "retrained_test_sets": retrained_set_summary,
         "test": test_summary,
@@ -195,6 +197,8 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     if evolved:
         headline += f"; for {', '.join(evolved)} the policy the population search evolved"
     lines = ["# DERL comparison", "", f"## Test accuracy (headline: {headline})", "", test_md]
+    if payload.get("base_policy_test") is not None:
+        lines += [f"Base policy (before RL): {100 * payload['base_policy_test']:.2f}% test accuracy.", ""]
     lines += ["## Test accuracy of the policy retrained from scratch (every method)", "", retrained_md]
     lines += ["## Validation accuracy (search score; fixed baselines: one inner training)", "", val_md]
     lines += ["## Chosen expressions", "",
@@ -238,3 +242,33 @@ def _curve_text(payload: Mapping) -> str:
     if payload["retrained_curves"]:
         parts.append("second row: each iteration's best expression retrained in final mode and tested")
     return "; ".join(parts)
+
+
+LEVELS_MD = "results_levels.md"
+LEVELS_JSON = "results_levels.json"
+
+
+def write_levels_report(workdir: str, payloads: Mapping[str, Mapping[str, Any]]) -> str:
+    """`results_levels.md` / `.json` in `workdir` from one compare per generalisation level
+    ({level: results.json content}), in the layout of the paper's Table 1(a): one row per method,
+    one column per level, headline test accuracy mean ± std [95% interval] over seeds, the base
+    policy's accuracy as the first row. Returns the Markdown."""
+    levels = list(payloads)
+    methods = list(dict.fromkeys(m for p in payloads.values() for m in p["methods"]))
+    lines = ["| method | " + " | ".join(levels) + " |", "|---|" + "---|" * len(levels)]
+    base = [payloads[level].get("base_policy_test") for level in levels]
+    if any(b is not None for b in base):
+        lines.append("| base policy (before RL) | " + " | ".join("-" if b is None else f"{100 * b:.2f}" for b in base) + " |")
+    for method in methods:
+        cells = [stats.format_summary(payloads[level]["test"][method]) if method in payloads[level]["test"] else "-"
+                 for level in levels]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    seeds = sorted({len(rows) for p in payloads.values() for rows in p["per_seed"].values()})
+    markdown = "\n".join(["# Test accuracy (%) per generalisation level", "",
+                          f"Headline test accuracy, mean ± std [95% t-interval] over {'/'.join(map(str, seeds))} seeds.",
+                          "", *lines]) + "\n"
+    atomic_write_text(os.path.join(workdir, LEVELS_MD), markdown)
+    atomic_write_json(os.path.join(workdir, LEVELS_JSON), _json_safe(
+        {"levels": levels, "base_policy_test": dict(zip(levels, base)),
+         "test": {level: payloads[level]["test"] for level in levels}}))
+    return markdown

@@ -51,6 +51,7 @@ def validate_config(cfg: Any) -> None:
     boolean(cfg, "compare.per_iteration_test")
     if has_field(cfg, "compare.candidate_test"):
         boolean(cfg, "compare.candidate_test")
+    compare_levels(cfg)
 
     for name in dict.fromkeys([strategy, *methods]):
         get_strategy(name).check_config(cfg, name)
@@ -98,3 +99,19 @@ def check_population_config(cfg: Any, name: str) -> None:
             f"config.inner.return_params=False cannot run {name!r}: a population strategy starts each "
             "iteration from the previous iteration's best policy, which the inner loop must return"
         )
+
+
+def compare_levels(cfg: Any) -> tuple[str, ...]:
+    """`config.compare.levels`: the domain's generalisation levels the compare runs one after another
+    (each in `<workdir>/<level>`), () for the configured `domain.level` alone."""
+    if not has_field(cfg, "compare.levels"):
+        return ()
+    levels = config_value(cfg, "compare.levels")
+    if isinstance(levels, str) or not isinstance(levels, Sequence) or not all(isinstance(v, str) and v for v in levels):
+        raise ConfigError(f"config.compare.levels must be a tuple of level names, got {levels!r}")
+    if len(set(levels)) != len(levels):
+        raise ConfigError(f"config.compare.levels must not repeat a level, got {tuple(levels)!r}")
+    if levels and not has_field(cfg, "domain.level"):
+        raise ConfigError(f"config.compare.levels={tuple(levels)!r}: the domain {config_value(cfg, 'domain.kind')!r} "
+                          f"has no generalisation levels (no config.domain.level)")
+    return tuple(levels)

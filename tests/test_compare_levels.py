@@ -1,0 +1,79 @@
+"""`compare.levels`: the whole compare once per generalisation level, then the methods x levels table."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from absl import flags
+
+from derl_jax.meta import stats
+from test_launch import load_launcher
+from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer
+
+HOUSEHOLD_SMOKE = os.path.join(REPO_ROOT, "configs", "household.py") + ":smoke"
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    module = load_launcher()
+    built = []
+
+    def fake_inner(domain, cfg, workdir):
+        assert domain.name == "household" and os.path.basename(workdir) == cfg.domain.level
+        built.append((cfg.domain.level, domain.info["test_kinds"]))
+        return BASE_PARAMS, FakeEvaluator()
+
+    monkeypatch.setattr(module, "build_inner", fake_inner)
+    monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
+    module.built = built
+    yield module
+    flags.FLAGS.unparse_flags()
+
+
+def invoke(module, *args: str) -> None:
+    argv = ["run.py", f"--config={HOUSEHOLD_SMOKE}", "--noprogress", "--mode=compare", *args]
+    saved_argv = sys.argv
+    sys.argv = argv
+    try:
+        for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+            delattr(flags.FLAGS, name)
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(argv)
+        module.main(["run.py"])
+    finally:
+        sys.argv = saved_argv
+
+
+def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):
+    invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L2')",
+           "--config.compare.seeds=(0, 1)", "--config.compare.methods=('outcome', 'derl')")
+    assert [level for level, _ in launcher.built] == ["L0", "L2"]
+    assert launcher.built[1][1] == ["cool", "pick_two"] and len(launcher.built[0][1]) == 6
+    table = json.load(open(tmp_path / "results_levels.json"))
+    assert table["levels"] == ["L0", "L2"]
+    markdown = open(tmp_path / "results_levels.md").read()
+    for level in ("L0", "L2"):
+        per_level = json.load(open(tmp_path / level / "results.json"))
+        assert (tmp_path / level / "derl" / "seed_1" / "history.jsonl").exists()
+        base = json.load(open(tmp_path / level / "base_policy_test.json"))["test"]
+        assert table["base_policy_test"][level] == per_level["base_policy_test"] == pytest.approx(base)
+        for method in ("outcome", "derl"):
+            seeds = [100.0 * row["test"] for row in per_level["per_seed"][method]]
+            expected = stats.summarize(seeds, clip=(0.0, 100.0))
+            assert table["test"][level][method]["mean"] == pytest.approx(expected["mean"])
+            assert stats.format_summary(expected) in markdown
+    # The levels differ (different tasks, so a different fake accuracy): the table is not one level twice.
+    assert table["base_policy_test"]["L0"] != table["base_policy_test"]["L2"]
+    assert "| base policy (before RL) |" in markdown and "| derl |" in capsys.readouterr().out
+
+
+def test_a_bad_level_is_refused_before_anything_is_built(launcher, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        invoke(launcher, f"--workdir={tmp_path / 'w'}", "--config.compare.levels=('L0', 'L7')")
+    assert info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("launch/run.py: error: config.compare.levels: level 'L7': config.domain.level")
+    assert launcher.built == [] and not os.path.exists(tmp_path / "w")
