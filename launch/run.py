@@ -273,9 +273,10 @@ def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: 
     from derl_jax.meta import report
 
     payloads = {}
-    for level in levels:
+    for done, level in enumerate(levels):
         level_cfg = at_level(cfg, level)
         level_dir = os.path.join(checked.workdir, level)
+        share_base_policies([os.path.join(checked.workdir, earlier) for earlier in levels[:done]], level_dir)
         domain = build_domain(level_cfg)
         base_params, evaluator = build_inner(domain, level_cfg, level_dir)
         print(f"--- level {level}: {level_dir}")
@@ -283,6 +284,22 @@ def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: 
                                     evaluator, progress)
     print(report.write_levels_report(checked.workdir, payloads))
     return payloads
+
+
+def share_base_policies(earlier_dirs: Sequence[str], run_dir_path: str) -> None:
+    """Copy the base policies cached in `earlier_dirs` into `run_dir_path`'s cache. The cache is
+    keyed by content (model, warm-start settings and corpus), so a level whose training split
+    equals an earlier level's (L0 and L1) loads its policy instead of training it again."""
+    import shutil
+
+    from derl_jax.rl.setup import BASE_POLICY_DIR
+
+    target = os.path.join(run_dir_path, BASE_POLICY_DIR)
+    for source in (os.path.join(d, BASE_POLICY_DIR) for d in earlier_dirs):
+        for name in sorted(os.listdir(source)) if os.path.isdir(source) else ():
+            if not os.path.exists(os.path.join(target, name)):
+                os.makedirs(target, exist_ok=True)
+                shutil.copy2(os.path.join(source, name), os.path.join(target, name))
 
 
 def _run_mode(cfg: Any, checked: Plan, domain: Any, base_params: Any, evaluator: Any, progress: bool) -> Any:

@@ -77,3 +77,18 @@ def test_a_bad_level_is_refused_before_anything_is_built(launcher, tmp_path, cap
     error = capsys.readouterr().err.strip()
     assert error.startswith("launch/run.py: error: config.compare.levels: level 'L7': config.domain.level")
     assert launcher.built == [] and not os.path.exists(tmp_path / "w")
+
+
+def test_levels_share_cached_base_policies_without_overwriting(tmp_path):
+    module = load_launcher()
+    for level, names in (("L0", ("base_policy_a.npz", "base_policy_a.json")), ("L1", ("base_policy_b.npz",))):
+        (tmp_path / level / "base_policy").mkdir(parents=True)
+        for name in names:
+            (tmp_path / level / "base_policy" / name).write_text(f"{level}/{name}")
+    (tmp_path / "L2" / "base_policy").mkdir(parents=True)
+    (tmp_path / "L2" / "base_policy" / "base_policy_b.npz").write_text("own")
+    module.share_base_policies([str(tmp_path / "L0"), str(tmp_path / "L1"), str(tmp_path / "missing")], str(tmp_path / "L2"))
+    cache = tmp_path / "L2" / "base_policy"
+    assert sorted(os.listdir(cache)) == ["base_policy_a.json", "base_policy_a.npz", "base_policy_b.npz"]
+    assert (cache / "base_policy_a.npz").read_text() == "L0/base_policy_a.npz"
+    assert (cache / "base_policy_b.npz").read_text() == "own"
