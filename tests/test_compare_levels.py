@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 from absl import flags
 
@@ -65,6 +66,15 @@ def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_p
             expected = stats.summarize(seeds, clip=(0.0, 100.0))
             assert table["test"][level][method]["mean"] == pytest.approx(expected["mean"])
             assert stats.format_summary(expected) in markdown
+        history = [json.loads(line) for line in open(tmp_path / level / "derl" / "seed_1" / "history.jsonl")]
+        scores = [r["score"] if r["valid"] else 0.0 for r in sorted(history, key=lambda r: (r["iteration"], r["index"]))]
+        curves = [np.maximum.accumulate([r["score"] if r["valid"] else 0.0 for r in sorted(
+            (json.loads(line) for line in open(tmp_path / level / "derl" / f"seed_{s}" / "history.jsonl")),
+            key=lambda r: (r["iteration"], r["index"]))]) for s in (0, 1)]
+        np.testing.assert_allclose(per_level["best_so_far"]["derl"]["mean"], np.mean(curves, axis=0))
+        np.testing.assert_allclose(per_level["best_so_far"]["derl"]["std"], np.std(curves, axis=0, ddof=1))
+        assert len(scores) == 4 and "outcome" not in per_level["best_so_far"]
+        assert (tmp_path / level / "best_so_far.png").exists()
     # The levels differ (different tasks, so a different fake accuracy): the table is not one level twice.
     assert table["base_policy_test"]["L0"] != table["base_policy_test"]["L2"]
     assert "| base policy (before RL) |" in markdown and "| derl |" in capsys.readouterr().out

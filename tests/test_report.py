@@ -160,3 +160,16 @@ def test_structure_shares_and_plot(tmp_path):
         plot_structure_shares(np.array([[1, 0, 0], [0, 0, 0]]), tmp_path / "x.png")
     with pytest.raises(ValueError, match="unknown class 'weird'"):
         structure_shares([["weird"]])
+
+
+def test_best_so_far_follows_the_charged_order_and_scores_invalid_candidates_zero():
+    from derl_jax.meta.results import best_so_far
+
+    history = [  # written out of order; iteration 1 index 0 is invalid with a stale score
+        {"iteration": 1, "index": 1, "valid": True, "score": 0.7},
+        {"iteration": 0, "index": 1, "valid": True, "score": 0.2},
+        {"iteration": 1, "index": 0, "valid": False, "score": 0.9},
+        {"iteration": 0, "index": 0, "valid": True, "score": 0.4},
+    ]
+    assert best_so_far(history) == [0.4, 0.4, 0.4, 0.7]
+    assert best_so_far([]) == []

@@ -71,7 +71,8 @@ from derl_jax.meta import candidate_policies
 from derl_jax.meta.budget import inner_step_totals, population_inner_steps
 from derl_jax.meta.candidates import select
 from derl_jax.meta.report import RESULTS_JSON, RESULTS_MD, write_report
-from derl_jax.meta.results import HEADLINE_EVOLVED, HEADLINE_RETRAINED, MethodResult, per_iteration_summary
+from derl_jax.logging import HISTORY_FILE, read_jsonl
+from derl_jax.meta.results import HEADLINE_EVOLVED, HEADLINE_RETRAINED, MethodResult, best_so_far, per_iteration_summary
 from derl_jax.meta.search import SearchResult, search
 from derl_jax.meta.strategies import OptimizerFactory, get_strategy, make_strategy
 from derl_jax.meta.strategies import validate_config as validate_strategies
@@ -408,7 +409,9 @@ def compare(
             )
             for seed in seeds
         ]
-    return write_report(workdir, results, base_test=base_test)
+    searched = {m: [best_so_far(read_jsonl(os.path.join(method_dir(workdir, m, s), HISTORY_FILE))) for s in seeds]
+                for m in methods if get_strategy(m).searches}
+    return write_report(workdir, results, base_test=base_test, best_so_far=searched)
 
 
 def base_policy_test(workdir: str, domain: TokenDomain, evaluator: CandidateEvaluator, base_params: Any) -> float:

@@ -35,14 +35,18 @@ from derl_jax.meta.results import HEADLINE_EVOLVED, MethodResult
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 CURVES_PLOT = "outer_curves.png"
+BEST_SO_FAR_PLOT = "best_so_far.png"
 VALIDATION_SERIES = "validation (mean of candidates)"
 CANDIDATE_TEST_SERIES = "test (mean of candidates)"
 RETRAINED_SERIES = "test (best of iteration, retrained)"
 
 
-def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None) -> dict:
+def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None,
+                 best_so_far: Mapping[str, Sequence[Sequence[float]]] | None = None) -> dict:
     """results.json, results.md and the plots in `workdir`; returns the results.json content.
-    `base_test`: the base policy's test accuracy (before RL), reported beside the methods."""
+    `base_test`: the base policy's test accuracy (before RL), reported beside the methods.
+    `best_so_far`: per search method, per seed, the best validation score after each charged
+    candidate (`results.best_so_far`): plotted against candidates evaluated (`best_so_far.png`)."""
     workdir = os.fspath(workdir)
     pct = lambda field: {m: [100.0 * _value(r, field) for r in rs] for m, rs in results.items()}  # noqa: E731
     test_md, test_summary = stats.results_table(pct("test"), column="test accuracy (%)", clip=(0.0, 100.0))
@@ -72,6 +76,12 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
             panels, os.path.join(workdir, CURVES_PLOT), ylabel="accuracy", columns=len(curves)
         )
 
+    best_curves = {m: _ragged(runs) for m, runs in (best_so_far or {}).items() if runs and all(len(r) for r in runs)}
+    if best_curves:
+        figures["best_so_far"] = plots.plot_outer_curves(
+            {"": best_curves}, os.path.join(workdir, BEST_SO_FAR_PLOT), xlabel="candidates evaluated",
+            ylabel="best validation score so far")
+
     set_md, set_summary = test_set_table(results, "test_sets")
     retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
     payload = {
@@ -88,6 +98,8 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
         "curves": {m: {k: v.tolist() for k, v in s.items()} for m, s in curves.items()},
         "retrained_curves": {m: {k: v.tolist() for k, v in s.items()} for m, s in retrained_curves.items()},
         "plots": {k: os.path.basename(v) for k, v in figures.items()},
+        "best_so_far": {m: {"mean": band[0].tolist(), "std": band[1].tolist()}
+                        for m, band in ((m, plots.curve_band(v)) for m, v in best_curves.items())},
     }
     atomic_write_json(os.path.join(workdir, RESULTS_JSON), _json_safe(payload))
     markdown = _markdown(results, test_md, retrained_md, val_md, payload, figures)
@@ -210,6 +222,7 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
                 f"| {method} | {r.seed} | `{r.expression}` | `{r.canonical}` | {100 * r.validation:.2f} | "
                 f"{100 * r.test:.2f} | {100 * _value(r, 'retrained_test'):.2f} |"
             )
+    lines += _best_so_far_lines(payload.get("best_so_far") or {})
     budgets = [(m, r) for m, rs in results.items() for r in rs if r.budget]
     if budgets:
         lines += ["", "## Search budget", "",
@@ -231,6 +244,22 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     for name, path in figures.items():
         lines.append(f"- `{os.path.basename(path)}`" + (f": {_curve_text(payload)}" if name == "outer_curves" else ""))
     return "\n".join(lines) + "\n"
+
+
+def _best_so_far_lines(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> list[str]:
+    """A table of the best validation score so far (mean ± std over seeds, %) after a quarter, half,
+    three quarters and all of the longest search's candidates."""
+    if not curves:
+        return []
+    longest = max(len(c["mean"]) for c in curves.values())
+    marks = sorted({max(1, round(longest * q)) for q in (0.25, 0.5, 0.75, 1.0)})
+    lines = ["", "## Best validation score so far against candidates evaluated (%, mean ± std over seeds)", "",
+             "| method | " + " | ".join(f"{c} candidates" for c in marks) + " |", "|---|" + "---:|" * len(marks)]
+    for method, curve in curves.items():
+        cells = [f"{100 * curve['mean'][c - 1]:.2f} ± {100 * curve['std'][c - 1]:.2f}" if c <= len(curve["mean"]) else "-"
+                 for c in marks]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _curve_text(payload: Mapping) -> str:

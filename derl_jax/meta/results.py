@@ -79,6 +79,15 @@ def structure_shares(classes_per_iteration: Sequence[Sequence[str]]) -> np.ndarr
     return shares
 
 
+def best_so_far(history: Sequence[Mapping[str, Any]]) -> list[float]:
+    """f[C]: the best validation score among the first c+1 charged candidates, in the order the
+    search proposed them (iteration, then index); an invalid candidate scores 0 (the ARBO paper's
+    main plot: best-so-far against candidates evaluated)."""
+    ordered = sorted(history, key=lambda r: (int(r["iteration"]), int(r["index"])))
+    scores = [float(r["score"]) if r.get("valid", True) and r.get("score") is not None else 0.0 for r in ordered]
+    return np.maximum.accumulate(np.asarray(scores, np.float64)).tolist() if scores else []
+
+
 def per_iteration_summary(history: Sequence[Mapping[str, Any]]) -> dict[str, list]:
     """Per outer iteration: mean/best validation score, validity, structure shares, best text."""
     iterations = sorted({int(r["iteration"]) for r in history})
