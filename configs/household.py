@@ -14,16 +14,15 @@ Presets (`--config=configs/household.py:<preset>`):
 
       python launch/run.py --config=configs/household.py:smoke --mode=compare --workdir=runs/household_smoke
 
-  Self-Guide and its ablations (one method each, 3 seeds; run once per level like `default`):
-  self_guide         GRPO + Self-Guide: the policy writes a self-assessment before every action
-                     and trains on R_env + lambda(u) * g_sg under the trapezoid trust schedule
-  sg_no_warmup       lambda = 1 from the start (warmup = ramp_end = 0), annealed as self_guide
-  sg_no_anneal       no annealing (anneal_start = 1)
-  sg_inference_only  assessments written, lambda = 0 throughout (trains on R_env alone)
-  grpo_no_sg         GRPO on R_env without self-assessment (the baseline)
-  sg_smoke           self_guide at smoke sizes
+  self_guide  Self-Guide's ablation table in one compare (the policy writes a self-assessment
+              before every action; 3 seeds, L0/L1/L2): `outcome` (self-assessment written, trained
+              on R_env alone: inference-only self-guidance), `self_guide` (R_env + lambda(u) * g_sg,
+              trapezoid trust schedule `trust`), `self_guide_no_warmup` (lambda = 1 from the start),
+              `self_guide_no_anneal` (no annealing). GRPO without self-assessment is `outcome` of
+              the default compare.
+  sg_smoke    self_guide at smoke sizes
 
-      python launch/run.py --config=configs/household.py:self_guide --mode=compare --workdir=runs/household_sg_L0
+      python launch/run.py --config=configs/household.py:self_guide --mode=compare --workdir=runs/household_sg
 
 Every field can be overridden from the command line, e.g. `--config.domain.max_turns=20`.
 
@@ -53,9 +52,8 @@ METHODS = ("outcome", "average", "derl", "derl_pop")
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The config of preset `arg`: "default" (None or empty) or "smoke"."""
-    return common.preset({"default": default, "smoke": smoke, "self_guide": self_guide, "sg_no_warmup": sg_no_warmup,
-                          "sg_no_anneal": sg_no_anneal, "sg_inference_only": sg_inference_only,
-                          "grpo_no_sg": grpo_no_sg, "sg_smoke": sg_smoke}, arg, "configs/household.py")
+    return common.preset({"default": default, "smoke": smoke, "self_guide": self_guide, "sg_smoke": sg_smoke}, arg,
+                         "configs/household.py")
 
 
 def default() -> ml_collections.ConfigDict:
@@ -82,36 +80,20 @@ def smoke() -> ml_collections.ConfigDict:
 
 
 
-def _self_guide(name: str, base: ml_collections.ConfigDict, method: str = "self_guide", self_assessment: bool = True,
-                **trust) -> ml_collections.ConfigDict:
-    """`base` named `name`, self-assessment on or off, the one method `method` over the compare
-    seeds, and the trust schedule fields `trust` changed."""
-    base.name = name
-    base.domain.self_guide = self_assessment
-    base.trust.update(trust)
-    base.compare.methods = (method,)
-    return base
+SELF_GUIDE_METHODS = ("outcome", "self_guide", "self_guide_no_warmup", "self_guide_no_anneal")
 
 
 def self_guide() -> ml_collections.ConfigDict:
-    return _self_guide("household_self_guide", default())
-
-
-def sg_no_warmup() -> ml_collections.ConfigDict:
-    return _self_guide("household_sg_no_warmup", default(), warmup=0.0, ramp_end=0.0)
-
-
-def sg_no_anneal() -> ml_collections.ConfigDict:
-    return _self_guide("household_sg_no_anneal", default(), anneal_start=1.0)
-
-
-def sg_inference_only() -> ml_collections.ConfigDict:
-    return _self_guide("household_sg_inference_only", default(), method="outcome")
-
-
-def grpo_no_sg() -> ml_collections.ConfigDict:
-    return _self_guide("household_grpo_no_sg", default(), method="outcome", self_assessment=False)
+    cfg = default()
+    cfg.name = "household_self_guide"
+    cfg.domain.self_guide = True
+    cfg.compare.methods = SELF_GUIDE_METHODS
+    return cfg
 
 
 def sg_smoke() -> ml_collections.ConfigDict:
-    return _self_guide("household_sg_smoke", smoke())
+    cfg = smoke()
+    cfg.name = "household_sg_smoke"
+    cfg.domain.self_guide = True
+    cfg.compare.methods = SELF_GUIDE_METHODS
+    return cfg
