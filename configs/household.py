@@ -2,13 +2,13 @@
 
 Presets (`--config=configs/household.py:<preset>`):
 
-  default  GRPO + outcome, GRPO + average, DERL and DERL-pop over 3 seeds at one generalisation
-           level (`domain.level`, L0 by default; run once per level for the L0/L1/L2 table),
-           with tiny models:
+  default  GRPO + outcome, GRPO + average, DERL and DERL-pop over 3 seeds at each generalisation
+           level L0, L1, L2 (`compare.levels`; one after another in <workdir>/<level>, then the
+           methods x levels table results_levels.md), with tiny models:
 
-      python launch/run.py --config=configs/household.py --mode=compare --workdir=runs/household_L0
-      python launch/run.py --config=configs/household.py --config.domain.level=L2 --mode=compare \\
-          --workdir=runs/household_L2
+      python launch/run.py --config=configs/household.py --mode=compare --workdir=runs/household
+      python launch/run.py --config=configs/household.py --mode=compare --config.compare.levels="()" \\
+          --config.domain.level=L2 --workdir=runs/household_L2      # one level
 
   smoke    the same pipeline at toy sizes (used by tests):
 
@@ -57,14 +57,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def default() -> ml_collections.ConfigDict:
-    domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 240, "num_test": 120,
-              "held_out_kinds": (4, 5), "max_turns": 24, "history": 2, "self_guide": False,
+    domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 200, "num_test": 60,
+              "held_out_kinds": (4, 5), "max_turns": 16, "history": 2, "self_guide": False,
               "self_rewards": (0.1, 0.0, -0.1)}
-    policy = {**common.SCRATCH_MODEL, "sft_steps": 400, "sft_lr": 3e-3, "sft_batch_size": 64,
-              "sft_perturb_rate": 0.3, "sft_extra_tasks": 480}
+    policy = {**common.SCRATCH_MODEL, "sft_steps": 1200, "sft_lr": 3e-3, "sft_batch_size": 32,
+              "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
-    cfg.inner.update(prompts_per_step=4, group_size=4)
+    cfg.inner.update(steps=10, prompts_per_step=4, group_size=4, lr=1e-3)
+    cfg.outer.update(iterations=2, num_candidates=4)
+    cfg.final.steps = 10
     cfg.compare.methods = METHODS
+    cfg.compare.levels = ("L0", "L1", "L2")
     cfg.trust = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
     return cfg
 
@@ -75,7 +78,7 @@ def smoke() -> ml_collections.ConfigDict:
     cfg.domain.update(num_train=20, num_test=8, max_turns=6)
     cfg.policy.update(**common.TOY_MODEL, sft_steps=10, sft_batch_size=16, sft_extra_tasks=0)
     cfg.inner.update(prompts_per_step=2, group_size=2, eval_batch_size=8)
-    cfg.compare.methods = ("derl", "outcome")
+    cfg.compare.update(methods=("derl", "outcome"), levels=())
     return cfg
 
 

@@ -33,6 +33,8 @@ KINDS = ("pick", "examine", "clean", "heat", "cool", "pick_two")
 PICK, EXAMINE, CLEAN, HEAT, COOL, PICK_TWO = range(len(KINDS))
 MAX_RECEPTACLES = 10
 MAX_OBJECTS = 12
+EXTRA_RECEPTACLES = 3   # receptacles besides the appliances and the placements: 1 .. this many
+DISTRACTORS = 5         # objects besides the goal objects and the lamp: 2 .. this many
 DESCRIPTION_LENGTH = 12
 HELD = -1      # obj_loc of the object in the agent's hand
 NOWHERE = -2   # obj_loc of a padding object slot
@@ -139,7 +141,7 @@ def generate_task(rng: np.random.Generator, kind: int, split: TypeSplit, unseen:
     open_surfaces = room_rec_pool[~vocab.OPENABLE[room_rec_pool]]
     placements = [goal_receptacle] if goal_receptacle >= 0 else []
     placements.append(int(rng.choice(open_surfaces)))
-    for _ in range(int(rng.integers(2, MAX_RECEPTACLES - len(vocab.APPLIANCES) - len(placements) + 1))):
+    for _ in range(int(rng.integers(1, EXTRA_RECEPTACLES + 1))):
         choice = int(rng.choice(room_rec_pool))
         if placements.count(choice) < _MAX_SAME_TYPE:
             placements.append(choice)
@@ -153,7 +155,7 @@ def generate_task(rng: np.random.Generator, kind: int, split: TypeSplit, unseen:
     goal_count = 2 if kind == PICK_TWO else 1 + int(rng.random() < 0.25)
     distractor_pool = room_obj_pool[vocab.PICKABLE[room_obj_pool] & (room_obj_pool != goal_object)]
     obj_types = [goal_object] * goal_count + [lamp_type]
-    for _ in range(int(rng.integers(2, MAX_OBJECTS - len(obj_types) + 1))):
+    for _ in range(int(rng.integers(2, DISTRACTORS + 1))):
         choice = int(rng.choice(distractor_pool))
         if obj_types.count(choice) < _MAX_SAME_TYPE:
             obj_types.append(choice)
