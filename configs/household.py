@@ -63,10 +63,10 @@ def default() -> ml_collections.ConfigDict:
     policy = {**common.SCRATCH_MODEL, "sft_steps": 1200, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
-    cfg.inner.update(steps=10, prompts_per_step=4, group_size=4, lr=1e-3)
+    cfg.inner.update(steps=8, prompts_per_step=2, group_size=4, lr=1e-3)
     cfg.outer.update(iterations=2, num_candidates=4)
-    cfg.final.steps = 10
-    cfg.compare.methods = METHODS
+    cfg.final.steps = 8
+    cfg.compare.update(methods=METHODS, candidate_test=False)
     cfg.compare.levels = ("L0", "L1", "L2")
     cfg.trust = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
     return cfg
