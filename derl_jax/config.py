@@ -112,6 +112,35 @@ def int_tuple(cfg: Any, path: str, *, minimum: int, allowed: Sequence[int] | Non
     return tuple(int(v) for v in value)
 
 
+def held_out_split(cfg: Any, items_path: str, held_out_path: str, noun: str) -> None:
+    """An agent domain's generalisation split: `held_out_path` names some of `items_path` (task
+    kinds or names; at level L2 some but not all), and the trained ones x `domain.num_train` leave
+    at least 5 rows for the 8:2 inner-train/validation cut."""
+    items = tuple(config_value(cfg, items_path))
+    held_path = held_out_path.rsplit(".", 1)
+    held_out = tuple(config_value(cfg, held_path[0]).get(held_path[1], ()))
+    outside = [k for k in held_out if k not in items]
+    if outside:
+        raise ConfigError(f"config.{held_out_path} {outside} are not in config.{items_path}")
+    level = config_value(cfg, "domain.level")
+    if level == "L2" and not 0 < len(held_out) < len(items):
+        raise ConfigError(f"config.{held_out_path} must name some but not all of config.{items_path} for level L2")
+    trained = len(items) - (len(held_out) if level == "L2" else 0)
+    rows = int(config_value(cfg, "domain.num_train"))
+    if trained * rows < 5:
+        raise ConfigError(f"config.domain.num_train x training {noun} must be >= 5 (the 8:2 inner-train/validation "
+                          f"cut), got {rows} x {trained}")
+
+
+def optional_fraction(cfg: Any, path: str, default: float) -> float:
+    """`cfg.<path>` (the `default` when absent), a number in [0, 1]."""
+    block, field = path.rsplit(".", 1)
+    value = config_value(cfg, block).get(field, default)
+    if not is_number(value) or not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"config.{path} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 def model_sizes(cfg: Any, section: str) -> None:
     """The transformer sizes of `config.<section>`: positive ints, heads a multiple of kv heads."""
     for name in MODEL_SIZE_FIELDS:

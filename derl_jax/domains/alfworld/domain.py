@@ -31,7 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 import primitives.agent  # noqa: F401  (registers the agent primitives)
-from derl_jax.config import ConfigError, InputError, choice, config_value, int_at_least, is_number
+from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
+                             optional_fraction)
 from derl_jax.domains.alfworld import problems as P
 from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import game_logic
@@ -206,19 +207,8 @@ def validate_alfworld_config(cfg: Any) -> None:
     kinds = config_value(cfg, "domain.kinds")
     if isinstance(kinds, str) or not kinds or len(set(kinds)) != len(kinds) or any(k not in P.KINDS for k in kinds):
         raise ConfigError(f"config.domain.kinds must be a tuple of distinct ALFWorld task kinds of {P.KINDS}, got {kinds!r}")
-    held_out = tuple(config_value(cfg, "domain").get("held_out_kinds", ()))
-    outside = [k for k in held_out if k not in kinds]
-    if outside:
-        raise ConfigError(f"config.domain.held_out_kinds {outside} are not in config.domain.kinds")
-    if cfg.domain.level == "L2" and not 0 < len(held_out) < len(kinds):
-        raise ConfigError("config.domain.held_out_kinds must name some but not all of config.domain.kinds for level L2")
-    trained = len(kinds) - (len(held_out) if cfg.domain.level == "L2" else 0)
-    if trained * int(cfg.domain.num_train) < 5:
-        raise ConfigError(f"config.domain.num_train x training kinds must be >= 5 (the 8:2 inner-train/validation "
-                          f"cut), got {int(cfg.domain.num_train)} x {trained}")
-    rate = config_value(cfg, "policy").get("sft_perturb_rate", DEFAULT_PERTURB_RATE)
-    if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
-        raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
+    held_out_split(cfg, "domain.kinds", "domain.held_out_kinds", "kinds")
+    optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     try:
         require_engine()
     except InputError as err:

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import primitives.agent  # noqa: F401  (registers the agent primitives)
-from derl_jax.config import ConfigError, boolean, choice, int_at_least, int_tuple, is_number, config_value
+from derl_jax.config import (ConfigError, boolean, choice, config_value, int_at_least, int_tuple, is_number,
+                             optional_fraction)
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.household import corpus as household_corpus
 from derl_jax.domains.household import tasks as T
@@ -145,10 +146,7 @@ def validate_household_config(cfg: Any) -> None:
             raise ConfigError(f"config.domain.self_rewards must be three finite numbers (for "
                               f"{', '.join(vocab.ASSESSMENTS)}), got {rewards!r}")
     policy = config_value(cfg, "policy")
-    if "sft_perturb_rate" in policy:
-        rate = policy["sft_perturb_rate"]
-        if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
-            raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
+    optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     if "sft_extra_tasks" in policy:
         int_at_least(cfg, "policy.sft_extra_tasks", 0)
 

@@ -30,7 +30,8 @@ from typing import Any, Sequence
 import numpy as np
 
 import primitives.agent  # noqa: F401  (registers the agent primitives)
-from derl_jax.config import ConfigError, InputError, choice, config_value, int_at_least, is_number
+from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
+                             optional_fraction)
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.registry import DomainSpec, register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
@@ -166,19 +167,8 @@ def validate_scienceworld_config(cfg: Any) -> None:
     if not isinstance(simplifications, str) or any(s not in SIMPLIFICATIONS for s in simplifications.split(",") if s):
         raise ConfigError(f"config.domain.simplifications must be comma-separated names of {SIMPLIFICATIONS}, "
                           f"got {simplifications!r}")
-    held_out = tuple(config_value(cfg, "domain").get("held_out_tasks", ()))
-    outside = [t for t in held_out if t not in tasks]
-    if outside:
-        raise ConfigError(f"config.domain.held_out_tasks {outside} are not in config.domain.tasks")
-    if cfg.domain.level == "L2" and not 0 < len(held_out) < len(tasks):
-        raise ConfigError("config.domain.held_out_tasks must name some but not all of config.domain.tasks for level L2")
-    trained = len(tasks) - (len(held_out) if cfg.domain.level == "L2" else 0)
-    if trained * int(cfg.domain.num_train) < 5:
-        raise ConfigError(f"config.domain.num_train x training tasks must be >= 5 (the 8:2 inner-train/validation "
-                          f"cut), got {int(cfg.domain.num_train)} x {trained}")
-    rate = config_value(cfg, "policy").get("sft_perturb_rate", DEFAULT_PERTURB_RATE)
-    if not is_number(rate) or not 0.0 <= float(rate) <= 1.0:
-        raise ConfigError(f"config.policy.sft_perturb_rate must be a number in [0, 1], got {rate!r}")
+    held_out_split(cfg, "domain.tasks", "domain.held_out_tasks", "tasks")
+    optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     try:
         require_engine()
     except InputError as err:
