@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 from absl import flags
 
 from derl_jax.meta import stats
+from test_launch import invoke as launch_invoke
 from test_launch import load_launcher
 from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer
 
@@ -35,17 +35,7 @@ def launcher(monkeypatch):
 
 
 def invoke(module, *args: str) -> None:
-    argv = ["run.py", f"--config={HOUSEHOLD_SMOKE}", "--noprogress", "--mode=compare", *args]
-    saved_argv = sys.argv
-    sys.argv = argv
-    try:
-        for name in [n for n in flags.FLAGS if n.startswith("config.")]:
-            delattr(flags.FLAGS, name)
-        flags.FLAGS.unparse_flags()
-        flags.FLAGS(argv)
-        module.main(["run.py"])
-    finally:
-        sys.argv = saved_argv
+    launch_invoke(module, "--mode=compare", *args, config=HOUSEHOLD_SMOKE)
 
 
 def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):

@@ -51,9 +51,10 @@ def launcher(monkeypatch):
     flags.FLAGS.unparse_flags()
 
 
-def invoke(module, *args: str) -> None:
-    """Parse `args` like the command line would, then run `main`."""
-    argv = ["run.py", f"--config={SMOKE}", "--noprogress", "--config.meta.max_symbols=24", *args]
+def invoke(module, *args: str, config: str = SMOKE) -> None:
+    """Parse `args` like the command line would (with --config=`config`), then run `main`."""
+    argv = ["run.py", f"--config={config}", "--noprogress", *(["--config.meta.max_symbols=24"] if config == SMOKE else []),
+            *args]
     saved_argv = sys.argv
     sys.argv = argv  # config_flags reads the overrides from sys.argv, as under app.run
     try:
