@@ -120,3 +120,27 @@ def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
 def test_sft_corpus_checks_its_rate(tasks):
     with pytest.raises(ValueError, match="perturb_rate"):
         C.sft_corpus(tasks, seed=0, perturb_rate=1.5)
+
+
+def test_expert_searches_in_listing_order_until_it_has_seen_the_goal_object(tasks, expert_run):
+    """Before its first take the expert goes to every receptacle in the order the room lists them
+    (never back) up to the first one holding a goal object, and takes it there: it does not know
+    where the object is before it has looked."""
+    from derl_jax.domains.household import actions as A
+
+    _, _, actions, episodes = expert_run
+    parse = jax.jit(jax.vmap(A.parse_action, in_axes=(0, None)))
+    for index in range(0, EPISODES, 37):
+        task = tasks.take(index)
+        parsed = jax.device_get(parse(jnp.asarray(actions[index]), T.to_device(task)))
+        mask = episodes["step_mask"][index]
+        takes = np.flatnonzero((parsed.template == A.TAKE) & mask)
+        assert takes.size, index
+        first_take = int(takes[0])
+        visits = [int(r) for t, r in zip(parsed.template[:first_take], parsed.recep[:first_take]) if t == A.GO]
+        assert visits == sorted(set(visits)), (index, visits)        # listing order, no revisits
+        is_goal = (np.asarray(task.obj_type) == int(task.goal_object)) & (np.asarray(task.obj_type) >= 0)
+        holding = {int(loc) for loc in np.asarray(task.obj_loc)[is_goal]}
+        first_holding = next(r for r in visits if r in holding)
+        assert int(parsed.recep[first_take]) == first_holding == visits[-1], (index, visits)
+        assert visits == list(range(first_holding + 1)), (index, visits)   # every receptacle listed before it
