@@ -270,36 +270,31 @@ def compare_levels(cfg: Any) -> tuple[str, ...]:
 def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: bool) -> dict:
     """The whole compare at each level in `<workdir>/<level>` (its own domain, base policy and
     report), then `results_levels.md` in the workdir: methods x levels (the paper's Table 1(a))."""
+    from derl_jax.meta import levels as shared
     from derl_jax.meta import report
+    from derl_jax.meta.protocol import method_dir
+    from derl_jax.meta.strategies import get_strategy
 
-    payloads = {}
+    payloads, digests = {}, {}
     for done, level in enumerate(levels):
         level_cfg = at_level(cfg, level)
         level_dir = os.path.join(checked.workdir, level)
-        share_base_policies([os.path.join(checked.workdir, earlier) for earlier in levels[:done]], level_dir)
+        shared.share_base_policies([os.path.join(checked.workdir, earlier) for earlier in levels[:done]], level_dir)
         domain = build_domain(level_cfg)
+        digests[level] = shared.training_digest(domain.train)
+        same_split = [earlier for earlier in levels[:done] if digests[earlier] == digests[level]]
+        if same_split:   # the same training split: the same searches; only the tests differ
+            searches = [os.path.relpath(method_dir(level_dir, m, s), level_dir) for m in level_cfg.compare.methods
+                        if get_strategy(m).searches for s in level_cfg.compare.seeds]
+            copied = shared.share_searches(os.path.join(checked.workdir, same_split[0]), level_dir, searches)
+            if copied:
+                print(f"--- level {level}: {len(copied)} searches shared with level {same_split[0]} (same training split)")
         base_params, evaluator = build_inner(domain, level_cfg, level_dir)
         print(f"--- level {level}: {level_dir}")
         payloads[level] = _run_mode(level_cfg, dataclasses.replace(checked, workdir=level_dir), domain, base_params,
                                     evaluator, progress)
     print(report.write_levels_report(checked.workdir, payloads))
     return payloads
-
-
-def share_base_policies(earlier_dirs: Sequence[str], run_dir_path: str) -> None:
-    """Copy the base policies cached in `earlier_dirs` into `run_dir_path`'s cache. The cache is
-    keyed by content (model, warm-start settings and corpus), so a level whose training split
-    equals an earlier level's (L0 and L1) loads its policy instead of training it again."""
-    import shutil
-
-    from derl_jax.rl.setup import BASE_POLICY_DIR
-
-    target = os.path.join(run_dir_path, BASE_POLICY_DIR)
-    for source in (os.path.join(d, BASE_POLICY_DIR) for d in earlier_dirs):
-        for name in sorted(os.listdir(source)) if os.path.isdir(source) else ():
-            if not os.path.exists(os.path.join(target, name)):
-                os.makedirs(target, exist_ok=True)
-                shutil.copy2(os.path.join(source, name), os.path.join(target, name))
 
 
 def _run_mode(cfg: Any, checked: Plan, domain: Any, base_params: Any, evaluator: Any, progress: bool) -> Any:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from derl_jax.meta import stats
+from derl_jax.meta import levels, stats
 from test_launch import invoke as launch_invoke
 from test_launch import load_launcher
 from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer
@@ -24,8 +24,9 @@ def launcher(monkeypatch):
 
     def fake_inner(domain, cfg, workdir):
         assert domain.name == "household" and os.path.basename(workdir) == cfg.domain.level
-        built.append((cfg.domain.level, domain.info["test_kinds"]))
-        return BASE_PARAMS, FakeEvaluator()
+        evaluator = FakeEvaluator()
+        built.append((cfg.domain.level, domain.info["test_kinds"], evaluator))
+        return BASE_PARAMS, evaluator
 
     monkeypatch.setattr(module, "build_inner", fake_inner)
     monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
@@ -41,7 +42,7 @@ def invoke(module, *args: str) -> None:
 def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):
     invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L2')",
            "--config.compare.seeds=(0, 1)", "--config.compare.methods=('outcome', 'derl')")
-    assert [level for level, _ in launcher.built] == ["L0", "L2"]
+    assert [level for level, *_ in launcher.built] == ["L0", "L2"]
     assert launcher.built[1][1] == ["cool", "pick_two"] and len(launcher.built[0][1]) == 6
     table = json.load(open(tmp_path / "results_levels.json"))
     assert table["levels"] == ["L0", "L2"]
@@ -80,15 +81,35 @@ def test_a_bad_level_is_refused_before_anything_is_built(launcher, tmp_path, cap
 
 
 def test_levels_share_cached_base_policies_without_overwriting(tmp_path):
-    module = load_launcher()
     for level, names in (("L0", ("base_policy_a.npz", "base_policy_a.json")), ("L1", ("base_policy_b.npz",))):
         (tmp_path / level / "base_policy").mkdir(parents=True)
         for name in names:
             (tmp_path / level / "base_policy" / name).write_text(f"{level}/{name}")
     (tmp_path / "L2" / "base_policy").mkdir(parents=True)
     (tmp_path / "L2" / "base_policy" / "base_policy_b.npz").write_text("own")
-    module.share_base_policies([str(tmp_path / "L0"), str(tmp_path / "L1"), str(tmp_path / "missing")], str(tmp_path / "L2"))
+    levels.share_base_policies([str(tmp_path / "L0"), str(tmp_path / "L1"), str(tmp_path / "missing")], str(tmp_path / "L2"))
     cache = tmp_path / "L2" / "base_policy"
     assert sorted(os.listdir(cache)) == ["base_policy_a.json", "base_policy_a.npz", "base_policy_b.npz"]
     assert (cache / "base_policy_a.npz").read_text() == "L0/base_policy_a.npz"
     assert (cache / "base_policy_b.npz").read_text() == "own"
+
+
+def test_a_level_with_the_same_training_split_reuses_the_searches_and_tests_its_own_split(launcher, tmp_path, capsys):
+    from derl_jax.meta.search import strip_wall_clock
+
+    invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L1')",
+           "--config.compare.seeds=(0, 1)", "--config.compare.methods=('outcome', 'derl')")
+    (_, _, first), (_, _, second) = launcher.built
+    # L1 trained no search candidate (the searches were shared): only outcome's validation training per seed.
+    assert len(first.calls) > 2 and [call["k"] for call in second.calls] == [1, 1]
+    assert len(second.final_calls) == len(first.final_calls)  # every final policy is trained again
+    assert "2 searches shared with level L0" in capsys.readouterr().out
+    table = json.load(open(tmp_path / "results_levels.json"))
+    for seed in (0, 1):
+        read = lambda level: strip_wall_clock(  # noqa: E731
+            [json.loads(line) for line in open(tmp_path / level / "derl" / f"seed_{seed}" / "history.jsonl")])
+        assert read("L0") == read("L1")
+        results = [json.load(open(tmp_path / level / "derl" / f"seed_{seed}" / "method_result.json")) for level in ("L0", "L1")]
+        assert results[0]["expression"] == results[1]["expression"]
+    # The same policies, tested on each level's own test split (the fake accuracy depends on it).
+    assert table["test"]["L0"]["derl"]["mean"] != table["test"]["L1"]["derl"]["mean"]
