@@ -51,7 +51,7 @@ METHODS = ("outcome", "average", "derl", "derl_pop")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config of preset `arg`: "default" (None or empty) or "smoke"."""
+    """The config of preset `arg`: "default" (None or empty), "smoke", "self_guide" or "sg_smoke"."""
     return common.preset({"default": default, "smoke": smoke, "self_guide": self_guide, "sg_smoke": sg_smoke}, arg,
                          "configs/household.py")
 
