@@ -40,14 +40,29 @@ def invoke(module, *args: str) -> None:
 
 
 def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):
-    invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L2')",
+    """L0, L1, L2 in turn. L1 trains on L0's tasks: it reuses L0's searches and tests on its own split."""
+    from derl_jax.meta.search import strip_wall_clock
+
+    invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L1', 'L2')",
            "--config.compare.seeds=(0, 1)", "--config.compare.methods=('outcome', 'derl')")
-    assert [level for level, *_ in launcher.built] == ["L0", "L2"]
-    assert launcher.built[1][1] == ["cool", "pick_two"] and len(launcher.built[0][1]) == 6
+    assert [level for level, *_ in launcher.built] == ["L0", "L1", "L2"]
+    assert launcher.built[2][1] == ["cool", "pick_two"] and len(launcher.built[0][1]) == 6
+    first, shared, last = (evaluator for *_, evaluator in launcher.built)
+    # L1 trained no search candidate (the searches were shared): only outcome's validation training per seed.
+    assert len(first.calls) > 2 and [call["k"] for call in shared.calls] == [1, 1] and len(last.calls) == len(first.calls)
+    assert len(shared.final_calls) == len(first.final_calls)  # every final policy is trained again
+    out = capsys.readouterr().out
+    assert "level L1: 2 searches shared with level L0" in out and out.count("searches shared") == 1
     table = json.load(open(tmp_path / "results_levels.json"))
-    assert table["levels"] == ["L0", "L2"]
+    assert table["levels"] == ["L0", "L1", "L2"]
     markdown = open(tmp_path / "results_levels.md").read()
-    for level in ("L0", "L2"):
+    for seed in (0, 1):
+        read = lambda level: strip_wall_clock(  # noqa: E731
+            [json.loads(line) for line in open(tmp_path / level / "derl" / f"seed_{seed}" / "history.jsonl")])
+        assert read("L0") == read("L1")
+    # The same policies, tested on each level's own test split (the fake accuracy depends on it).
+    assert table["test"]["L0"]["derl"]["mean"] != table["test"]["L1"]["derl"]["mean"]
+    for level in ("L0", "L1", "L2"):
         per_level = json.load(open(tmp_path / level / "results.json"))
         assert (tmp_path / level / "derl" / "seed_1" / "history.jsonl").exists()
         base = json.load(open(tmp_path / level / "base_policy_test.json"))["test"]
@@ -68,7 +83,7 @@ def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_p
         assert (tmp_path / level / "best_so_far.png").exists()
     # The levels differ (different tasks, so a different fake accuracy): the table is not one level twice.
     assert table["base_policy_test"]["L0"] != table["base_policy_test"]["L2"]
-    assert "| base policy (before RL) |" in markdown and "| derl |" in capsys.readouterr().out
+    assert "| base policy (before RL) |" in markdown and "| derl |" in out
 
 
 def test_a_bad_level_is_refused_before_anything_is_built(launcher, tmp_path, capsys):
@@ -92,24 +107,3 @@ def test_levels_share_cached_base_policies_without_overwriting(tmp_path):
     assert sorted(os.listdir(cache)) == ["base_policy_a.json", "base_policy_a.npz", "base_policy_b.npz"]
     assert (cache / "base_policy_a.npz").read_text() == "L0/base_policy_a.npz"
     assert (cache / "base_policy_b.npz").read_text() == "own"
-
-
-def test_a_level_with_the_same_training_split_reuses_the_searches_and_tests_its_own_split(launcher, tmp_path, capsys):
-    from derl_jax.meta.search import strip_wall_clock
-
-    invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L1')",
-           "--config.compare.seeds=(0, 1)", "--config.compare.methods=('outcome', 'derl')")
-    (_, _, first), (_, _, second) = launcher.built
-    # L1 trained no search candidate (the searches were shared): only outcome's validation training per seed.
-    assert len(first.calls) > 2 and [call["k"] for call in second.calls] == [1, 1]
-    assert len(second.final_calls) == len(first.final_calls)  # every final policy is trained again
-    assert "2 searches shared with level L0" in capsys.readouterr().out
-    table = json.load(open(tmp_path / "results_levels.json"))
-    for seed in (0, 1):
-        read = lambda level: strip_wall_clock(  # noqa: E731
-            [json.loads(line) for line in open(tmp_path / level / "derl" / f"seed_{seed}" / "history.jsonl")])
-        assert read("L0") == read("L1")
-        results = [json.load(open(tmp_path / level / "derl" / f"seed_{seed}" / "method_result.json")) for level in ("L0", "L1")]
-        assert results[0]["expression"] == results[1]["expression"]
-    # The same policies, tested on each level's own test split (the fake accuracy depends on it).
-    assert table["test"]["L0"]["derl"]["mean"] != table["test"]["L1"]["derl"]["mean"]

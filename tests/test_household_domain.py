@@ -98,7 +98,7 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
 def test_every_corpus_completion_fits_the_generation_budget_with_eos(self_guide):
     """All-random turns (the longest word strings included) end in <eos> within max_new_tokens,
     the completion length the warm start encodes to."""
-    cfg = config(self_guide=self_guide, num_train=200)
+    cfg = config(self_guide=self_guide, num_train=60)
     built = get_domain("household").build(cfg)
     texts = built.corpus(3, [], {"sft_perturb_rate": 1.0})
     lengths = [len(built.tokenizer.encode(a, add_eos=True)) for _, a in texts]
