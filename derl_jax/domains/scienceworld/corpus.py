@@ -27,6 +27,21 @@ PREFERRED_TAGS = (T.PLAN, T.REFLECT, T.EXPLORE, T.ACT)
 HARMLESS = ("inventory", "look around")
 
 
+def corpus_rows(domain_name: str, train_size: int, holdout_rows: Sequence[int], options, default_rate: float
+                ) -> tuple[float, list[int]]:
+    """(perturb rate, training rows to play) of an engine domain's warm-start corpus: the
+    `sft_perturb_rate` of `options` (a mapping or None; `default_rate` when absent), and every
+    row of the `train_size` training rows except `holdout_rows`."""
+    rate = float((options or {}).get("sft_perturb_rate", default_rate))
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"config.policy.sft_perturb_rate must be in [0, 1], got {rate}")
+    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    keep = [row for row in range(train_size) if row not in held_out]
+    if not keep:
+        raise ValueError(f"{domain_name} corpus: no training rows are left for the supervised corpus")
+    return rate, keep
+
+
 def random_action(rng: np.random.Generator, vocab: Vocabulary, objects: Sequence[str]) -> str:
     """A random action that leaves the world as it was (module docstring), tag included."""
     tag = T.TAGS[rng.integers(len(T.TAGS))]

@@ -131,15 +131,8 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
                       ) -> list[tuple[str, str]]:
     """(prompt, completion) texts: every turn of the perturbed gold path (corpus.py) of each training
     row except `holdout_rows`. Prompts carry no <bos> (the encoder adds it), completions no <eos>."""
-    options = {} if options is None else options
-    rate = float(options.get("sft_perturb_rate", DEFAULT_PERTURB_RATE))
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"config.policy.sft_perturb_rate must be in [0, 1], got {rate}")
+    rate, keep = sw_corpus.corpus_rows("scienceworld", domain.train.size, holdout_rows, options, DEFAULT_PERTURB_RATE)
     env, context = domain.env, domain.train.context
-    held_out = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
-    keep = [row for row in range(domain.train.size) if row not in held_out]
-    if not keep:
-        raise ValueError("scienceworld corpus: no training rows are left for the supervised corpus")
     settings = dict(description_length=int(domain.info["description_length"]), obs_length=env.obs_length,
                     action_length=env.action_length, window=domain.history, max_turns=env.max_turns,
                     simplifications=env.simplifications)
