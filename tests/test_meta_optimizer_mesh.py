@@ -6,6 +6,7 @@ import numpy as np
 
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.meta.optimizer import MetaOptimizer
+from derl_jax.meta.strategies import make_strategy
 from derl_jax.parallel import MODEL_AXIS, make_mesh
 
 GRAMMAR = make_grammar(3, 16, max_depth=3)
@@ -47,3 +48,10 @@ def test_sharded_sample_and_update_match_one_device():
     assert moved > 0  # the step changed the weights, so the comparison above means something
     for name in metrics_one:
         np.testing.assert_allclose(float(metrics_one[name]), float(metrics_split[name]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_strategy_builds_its_meta_optimizer_on_the_run_mesh():
+    mesh = make_mesh(1, 1, 2, devices=jax.devices()[:2])
+    strategy = make_strategy("derl", {"meta": META}, GRAMMAR, ("g1", "g2", "g3"), mesh=mesh)
+    assert strategy.optimizer.mesh is mesh
+    assert _split_over_model(strategy.init(jax.random.key(0)).meta.params) >= 3

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from derl_jax.domains.arith import make_arith_domain
 from derl_jax.meta import protocol
 from derl_jax.meta.protocol import ConfigError, compare, run_method, split_train, validate_config
 from derl_jax.meta.stats import student_t_quantile
+from derl_jax.parallel import make_mesh
 from derl_jax.meta.strategies import ALL_METHODS
 from test_search import BASE_PARAMS, FakeEvaluator, FakeMetaOptimizer, fake_config, get_config, reference_quality
 
@@ -72,6 +74,19 @@ def test_run_method_searches_then_trains_fresh_on_the_full_train_split(tmp_path,
     assert run_method("derl", cfg, domain, evaluator, tmp_path, 0, base_params=BASE_PARAMS,
                       optimizer_factory=FakeMetaOptimizer, progress=False) == result
     assert evaluator.calls == [] and evaluator.final_calls == []
+
+
+def test_the_meta_optimizer_is_built_on_the_inner_loops_mesh(tmp_path, domain):
+    evaluator, built = FakeEvaluator(), []
+    evaluator.mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+    def factory(cfg, grammar, mesh=None):
+        built.append(mesh)
+        return FakeMetaOptimizer(cfg, grammar, mesh)
+
+    run_method("derl", fake_config(iterations=1, num_candidates=2), domain, evaluator, tmp_path, 0,
+               base_params=BASE_PARAMS, optimizer_factory=factory, progress=False, echo=lambda line: None)
+    assert built == [evaluator.mesh]
 
 
 def test_fixed_baseline_skips_search_and_pop_reports_its_evolved_policy(tmp_path, domain):

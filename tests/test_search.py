@@ -95,8 +95,8 @@ class FakeMetaOptimizer:
 
     learning_rate = 0.5
 
-    def __init__(self, cfg, grammar, corpus=CORPUS):
-        self.grammar = grammar
+    def __init__(self, cfg, grammar, mesh=None, corpus=CORPUS):
+        self.grammar, self.mesh = grammar, mesh
         self.corpus = tuple(corpus)
         ids = [grammar.tokenize(text) + [grammar.eos_id] for text in self.corpus]
         self.symbols = np.full((len(ids), grammar.max_length), grammar.pad_id, np.int32)
@@ -229,8 +229,8 @@ def run_fake_search(workdir, strategy_name="derl", iterations=3, num_candidates=
     cfg = fake_config(iterations, num_candidates)
     grammar = make_grammar(len(PRIMITIVES), cfg.meta.max_symbols, cfg.meta.max_depth)
 
-    def factory(config, g):
-        optimizer = FakeMetaOptimizer(config, g)
+    def factory(config, g, mesh=None):
+        optimizer = FakeMetaOptimizer(config, g, mesh)
         if optimizer_box is not None:
             optimizer_box.append(optimizer)
         return optimizer

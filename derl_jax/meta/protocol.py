@@ -229,7 +229,7 @@ def search_method(
     inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
     strategy = make_strategy(
         method, cfg, meta_grammar(cfg, len(names)), names, outcome_index=domain.outcome_index,
-        optimizer_factory=optimizer_factory, workdir=os.fspath(workdir),
+        optimizer_factory=optimizer_factory, mesh=getattr(evaluator, "mesh", None), workdir=os.fspath(workdir),
     )
     return search(
         strategy, evaluator, inner_train, validation, names, cfg, workdir, run_keys(seed)["search"],

@@ -71,13 +71,14 @@ class MetaOptimizerLike(Protocol):
     def update(self, state: Any, sample: Any, scores: Any) -> tuple[Any, Mapping[str, Any]]: ...
 
 
-OptimizerFactory = Callable[[Any, Any], MetaOptimizerLike]  # (cfg, grammar) -> MetaOptimizer
+OptimizerFactory = Callable[[Any, Any, Any], MetaOptimizerLike]  # (cfg, grammar, mesh) -> MetaOptimizer
 
 
-def default_optimizer_factory(cfg: Any, grammar: Any) -> MetaOptimizerLike:
+def default_optimizer_factory(cfg: Any, grammar: Any, mesh: Any = None) -> MetaOptimizerLike:
+    """The real Meta-Optimizer; on `mesh` (the run's) its backbone is split over the 'model' axis."""
     from derl_jax.meta.optimizer import MetaOptimizer
 
-    return MetaOptimizer(cfg, grammar)
+    return MetaOptimizer(cfg, grammar, mesh=mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,9 @@ class StrategyContext:
     cfg: the run's ConfigDict. primitive_names: the domain's primitives, in order.
     grammar: the Meta-Optimizer's grammar (None where no strategy needs one).
     outcome_index: 0-based index of the outcome primitive.
-    optimizer_factory: `(cfg, grammar) -> MetaOptimizer` (default: the real one).
+    optimizer_factory: `(cfg, grammar, mesh) -> MetaOptimizer` (default: the real one).
+    mesh: the run's ('cand', 'data', 'model') mesh, which the Meta-Optimizer's sample and update
+        steps run on as the inner loop's do (None: one device).
     workdir: the run directory of the search, for strategies that keep readable side files
         there (the checkpoint stays the source of truth); None outside a run.
     """
@@ -97,13 +100,14 @@ class StrategyContext:
     grammar: Any = None
     outcome_index: int = 0
     optimizer_factory: OptimizerFactory | None = None
+    mesh: Any = None
     workdir: str | None = None
 
     def optimizer(self, name: str) -> MetaOptimizerLike:
         """A Meta-Optimizer for strategy `name`; ValueError when there is no grammar."""
         if self.grammar is None:
             raise ValueError(f"make_strategy: strategy {name!r} samples from the Meta-Optimizer and needs a grammar")
-        return (self.optimizer_factory or default_optimizer_factory)(self.cfg, self.grammar)
+        return (self.optimizer_factory or default_optimizer_factory)(self.cfg, self.grammar, self.mesh)
 
 
 class Strategy(abc.ABC):

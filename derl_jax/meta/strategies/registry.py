@@ -105,13 +105,15 @@ def make_strategy(
     *,
     outcome_index: int = 0,
     optimizer_factory: OptimizerFactory | None = None,
+    mesh: Any = None,
     workdir: str | None = None,
 ) -> Strategy:
     """The strategy called `name` for a run configured by `cfg`.
 
     grammar: the Meta-Optimizer's grammar (needed by strategies that sample from it).
-    optimizer_factory: `(cfg, grammar) -> MetaOptimizer`; defaults to
+    optimizer_factory: `(cfg, grammar, mesh) -> MetaOptimizer`; defaults to
         `derl_jax.meta.optimizer.MetaOptimizer`.
+    mesh: the run's mesh, for the Meta-Optimizer's steps (`StrategyContext.mesh`).
     workdir: the run directory the strategy will search in (`StrategyContext.workdir`).
     """
     cls = get_strategy(name)
@@ -121,6 +123,7 @@ def make_strategy(
         grammar=grammar,
         outcome_index=int(outcome_index),
         optimizer_factory=optimizer_factory,
+        mesh=mesh,
         workdir=None if workdir is None else str(workdir),
     )
     strategy = cls.from_config(name, context)
