@@ -28,7 +28,9 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        trained in final mode and tested (costs one final training per iteration),
                        whether each candidate's trained policy is also tested (candidate_test),
                        and levels: generalisation levels of the domain to run the whole compare
-                       on, one after another in <workdir>/<level> (() = `domain.level` only)
+                       on, one after another in <workdir>/<level> (() = `domain.level` only),
+                       and workers: processes that share out the method x seed runs (0: one
+                       per CPU core on a CPU host, 1 on accelerators; derl_jax/meta/workers.py)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device
   primitives.modules   modules outside the `primitives` package to import so their primitives
@@ -105,7 +107,8 @@ META = {
 OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_inner_steps": 0}
 EVOLUTION = {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
 FINAL = {"steps": 24}
-COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True, "levels": ()}
+COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True, "levels": (),
+           "workers": 0}
 MESH = {"cand": 1, "data": 1, "model": 1}
 
 

@@ -312,12 +312,65 @@ def _run_mode(cfg: Any, checked: Plan, domain: Any, base_params: Any, evaluator:
         final = protocol.run_final(checked.expression, domain, evaluator, workdir, int(cfg.seed), base_params=base_params)
         print(f"final policy for {final.expression!r}: test accuracy {final.test:.4f}; written to {workdir}/{protocol.FINAL_RESULT_FILE}")
         return final
+    workers = compare_workers(cfg)
+    if workers > 1:
+        run_compare_in_workers(cfg, workdir, domain, base_params, evaluator, workers, progress)
     payload = protocol.compare(
         cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY, progress=progress,
     )
     with open(os.path.join(workdir, protocol.RESULTS_MD), encoding="utf-8") as handle:
         print(handle.read())
     return payload
+
+
+def compare_workers(cfg: Any) -> int:
+    """Processes for the compare's method x seed runs (`config.compare.workers`, 0: one per core)."""
+    from derl_jax.meta.workers import resolve_workers
+
+    return resolve_workers(cfg, jobs=len(cfg.compare.methods) * len(cfg.compare.seeds))
+
+
+def run_compare_in_workers(cfg: Any, workdir: str, domain: Any, base_params: Any, evaluator: Any, workers: int,
+                           progress: bool) -> None:
+    """The compare's runs shared out over this process and `workers - 1` more (derl_jax/meta/workers.py).
+
+    The base policy (cached in `workdir`) and its test are built here first, so the other
+    processes load them; a process that fails leaves its runs to the caller's read-back pass.
+    """
+    import multiprocessing
+
+    from derl_jax.meta import protocol
+    from derl_jax.meta.workers import Claims
+
+    protocol.base_policy_test(workdir, domain, evaluator, base_params)
+    claims = Claims.fresh(workdir)
+    context = multiprocessing.get_context("spawn")  # JAX's threads make fork unsafe
+    processes = [context.Process(target=compare_worker, args=(cfg, workdir, claims.token), name=f"compare worker {i}")
+                 for i in range(1, workers)]
+    print(f"--- {len(processes) + 1} processes share the runs of {workdir}")
+    for process in processes:
+        process.start()
+    try:
+        protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY,
+                         progress=progress, claim=claims.claim)
+    finally:
+        for process in processes:
+            process.join()
+    failed = [process.name for process in processes if process.exitcode != 0]
+    if failed:
+        print(f"warning: {', '.join(failed)} stopped early; their unfinished runs continue here", file=sys.stderr)
+
+
+def compare_worker(cfg: Any, workdir: str, token: str) -> None:
+    """One extra process of `run_compare_in_workers`: the same domain and base policy, the runs it claims."""
+    from derl_jax.meta import protocol
+    from derl_jax.meta.workers import Claims
+
+    logging.set_verbosity(logging.WARNING)
+    domain = build_domain(cfg)
+    base_params, evaluator = build_inner(domain, cfg, workdir)
+    protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY,
+                     progress=False, claim=Claims(workdir, token).claim)
 
 
 # --------------------------------------------------------------------------- the command line

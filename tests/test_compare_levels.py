@@ -30,6 +30,7 @@ def launcher(monkeypatch):
 
     monkeypatch.setattr(module, "build_inner", fake_inner)
     monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
+    monkeypatch.setattr(module, "compare_workers", lambda cfg: 1)  # the fakes live in this process only
     module.built = built
     yield module
     flags.FLAGS.unparse_flags()

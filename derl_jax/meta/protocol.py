@@ -385,11 +385,16 @@ def compare(
     optimizer_factory: OptimizerFactory | None = None,
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
-) -> dict:
+    claim: Callable[[str, int], bool] | None = None,
+) -> dict | None:
     """Every method x seed (`config.compare.methods` / `.seeds` unless given), then the report.
 
     Writes `<workdir>/<method>/seed_<s>/` run directories and the report
     (`derl_jax.meta.report.write_report`); returns the results.json content.
+    claim: `(method, seed) -> bool` when several processes share the runs
+    (`derl_jax.meta.workers.Claims.claim`): only the runs claimed are run, and no report is
+    written (None is returned); the lead process calls `compare` again without `claim` once
+    they all finished, which reads them back and writes the report.
     """
     workdir = os.fspath(workdir)
     methods = tuple(methods if methods is not None else cfg.compare.methods)
@@ -399,6 +404,14 @@ def compare(
     os.makedirs(workdir, exist_ok=True)
     RunLogger(workdir, tensorboard=False).write_config(cfg)
     base_test = base_policy_test(workdir, domain, evaluator, base_params)
+    if claim is not None:
+        for method in methods:
+            for seed in seeds:
+                if claim(method, seed):
+                    run_method(method, cfg, domain, evaluator, method_dir(workdir, method, seed), seed,
+                               base_params=base_params, optimizer_factory=optimizer_factory, progress=progress,
+                               echo=echo or _console(f"[{method} seed {seed}]"))
+        return None
     results: dict[str, list[MethodResult]] = {}
     for method in methods:
         results[method] = [

@@ -52,6 +52,8 @@ def validate_config(cfg: Any) -> None:
     if has_field(cfg, "compare.candidate_test"):
         boolean(cfg, "compare.candidate_test")
     compare_levels(cfg)
+    if has_field(cfg, "compare.workers"):
+        int_at_least(cfg, "compare.workers", 0)
 
     for name in dict.fromkeys([strategy, *methods]):
         get_strategy(name).check_config(cfg, name)
