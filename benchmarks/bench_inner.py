@@ -3,6 +3,7 @@
     python benchmarks/bench_inner.py            # K = 1, 8, 32; a few minutes on 2 CPU cores
     python benchmarks/bench_inner.py --quick    # K = 1, 4, fewer steps
     python benchmarks/bench_inner.py --k1       # only K = 1 (loop mode) against TRL: the per-step comparison
+    python benchmarks/bench_inner.py --k1 --prompts 32   # the same at 32 x 4 = 128 completions per step
 
 Modes (the same `InnerLoop`, the same inputs):
   vmapped  `train_many` with every candidate vmapped in one compiled call
@@ -11,6 +12,8 @@ Modes (the same `InnerLoop`, the same inputs):
            (on a CPU host: one device per core, `--xla_force_host_platform_device_count`)
   loop     one jitted `train` called once per candidate from Python (asynchronous dispatch)
   loop_devices  the same, candidate k on device k % (number of devices)
+  loop_data     the same as loop, but each step's rollouts split over the 'data' axis of a
+                (1, devices, 1) mesh: one candidate uses every host device (every core)
 
 Each row: compile seconds (first call), run seconds (median after the warm-up), GRPO steps
 per second summed over candidates (K * steps / run), sampled tokens per second (generated
@@ -130,6 +133,33 @@ def time_loop(loop, params, programs, keys, dataset, repeats: int, compiled_cach
     return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled_cache[devices[0]])
 
 
+def time_data_parallel(loop, mesh, params, programs, keys, dataset, repeats: int, compiled_cache: dict):
+    """`time_loop` for a loop built on `mesh` (rows of each step over its 'data' axis): every
+    candidate in turn, its inputs replicated over the mesh."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params, dataset = jax.device_put((params, dataset), replicated)
+    singles = [jax.device_put(jax.tree_util.tree_map(lambda x, k=k: x[k], (programs, keys)), replicated)
+               for k in range(keys.shape[0])]
+    compile_s = 0.0
+    if "data" not in compiled_cache:
+        start = time.perf_counter()
+        compiled_cache["data"] = jax.jit(loop.train).lower(params, *singles[0], dataset).compile()
+        compile_s = time.perf_counter() - start
+    compiled = compiled_cache["data"]
+
+    def run_all():
+        return block([compiled(params, program, key, dataset) for program, key in singles])
+
+    outputs = run_all()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = run_all()
+        runs.append(time.perf_counter() - start)
+    metrics = {name: np.stack([np.asarray(out[1][name]) for out in outputs]) for name in outputs[0][1]}
+    return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled)
+
+
 def jax_rows(args) -> tuple[list[dict], dict]:
     domain = make_arith_domain(DOMAIN)
     model_cfg = sft.policy_model_config(domain, POLICY)
@@ -141,8 +171,10 @@ def jax_rows(args) -> tuple[list[dict], dict]:
     devices = len(jax.devices())
     mesh = make_mesh(devices, 1, 1) if devices > 1 else None
     sharded_loop = make_inner_loop(domain, graphdef, InnerConfig(**base), mesh) if mesh is not None else None
-    rows, cache = [], {}
     per_candidate = args.prompts * args.group
+    data_mesh = make_mesh(1, devices, 1) if devices > 1 and per_candidate % devices == 0 else None
+    data_loop = make_inner_loop(domain, graphdef, InnerConfig(**base), data_mesh) if data_mesh is not None else None
+    rows, cache = [], {}
     for count in args.candidates:
         programs = programs_for(count, domain.primitive_names)
         keys = jax.random.split(jax.random.key(1), count)
@@ -154,10 +186,15 @@ def jax_rows(args) -> tuple[list[dict], dict]:
         if mesh is not None and count % devices == 0:
             modes.append(("sharded", 0))
         modes.append(("loop", 0))
+        if data_mesh is not None:
+            modes.append(("loop_data", 0))
         if mesh is not None and count > 1:
             modes.append(("loop_devices", 0))
         for mode, chunk in modes:
-            if mode in ("loop", "loop_devices"):
+            if mode == "loop_data":
+                compile_s, run_s, metrics, mib = time_data_parallel(data_loop, data_mesh, params, programs, keys,
+                                                                    domain.train, args.repeats, cache)
+            elif mode in ("loop", "loop_devices"):
                 compile_s, run_s, metrics, mib = time_loop(loops[0], params, programs, keys, domain.train,
                                                            args.repeats, cache,
                                                            jax.devices() if mode == "loop_devices" else None)
@@ -177,7 +214,7 @@ def jax_rows(args) -> tuple[list[dict], dict]:
             print(rows[-1], flush=True)
     for count in args.candidates:
         of_k = [r for r in rows if r["K"] == count]
-        loop_s = min(r["run_s"] for r in of_k if r["mode"] in ("loop", "loop_devices"))
+        loop_s = min(r["run_s"] for r in of_k if r["mode"] in ("loop", "loop_devices", "loop_data"))
         for r in of_k:
             r["speedup_vs_loop"] = round(loop_s / r["run_s"], 2)
     return rows, {"domain": domain, "model_cfg": model_cfg}
@@ -267,13 +304,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--k1", action="store_true", help="only K = 1 in loop mode (and TRL)")
     parser.add_argument("--candidates", type=int, nargs="+", dest="only_candidates",
                         help="the values of K to run (instead of the preset's)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step (B; default 8)")
+    parser.add_argument("--group", type=int, default=4, help="samples per prompt (G; default 4)")
     args = parser.parse_args(argv)
+    for name in ("prompts", "group"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     args.candidates = (1,) if args.k1 else (1, 4) if args.quick else (1, 8, 32)
     if args.only_candidates:
         args.candidates = tuple(args.only_candidates)
     args.steps = 2 if args.quick else 8
     args.repeats = 1 if args.quick else 3
-    args.prompts, args.group, args.chunk = 8, 4, 4
+    args.chunk = 4
     args.trl_steps = 2 if args.quick else 4
     rows, setup = jax_rows(args)
     summary = {}
@@ -296,7 +338,8 @@ def main(argv=None) -> dict:
     summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"],
               "max_new_tokens": DOMAIN["max_new_tokens"],
-              "prompts_per_step": args.prompts, "group_size": args.group, "steps": args.steps,
+              "prompts_per_step": args.prompts, "group_size": args.group,
+              "completions_per_step": args.prompts * args.group, "steps": args.steps,
               "candidates": args.candidates, "chunk_size": args.chunk}
     columns = ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
                "tokens_per_s", "exec_mib", "speedup_vs_loop"]

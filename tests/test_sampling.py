@@ -337,3 +337,27 @@ def test_a_remat_model_samples_what_the_plain_model_samples():
         tokens[remat] = np.asarray(run(params).tokens)
     assert tokens[True].shape == (2, 5)
     np.testing.assert_array_equal(tokens[True], tokens[False])
+
+
+def test_logp_and_entropy_match_log_softmax_in_values_and_gradients():
+    rng = np.random.default_rng(5)
+    logits = jnp.asarray(3.0 * rng.standard_normal((2, 3, 11)), jnp.float32)
+    logits = logits.at[0, 1, 4:].set(-1e30)  # excluded tokens, as `sequence_logprobs` writes them
+    tokens = jnp.asarray(rng.integers(0, 4, (2, 3)), jnp.int32)
+
+    def reference(x):
+        log_probs = jax.nn.log_softmax(x, axis=-1)
+        logp = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+        return logp, -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+    for ours, expected in zip(sm._logp_and_entropy(logits, tokens), reference(logits)):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
+    weights = jnp.asarray(rng.standard_normal((2, 2, 3)), jnp.float32)
+
+    def objective(fn):
+        return lambda x: sum(jnp.sum(w * v) for w, v in zip(weights, fn(x)))
+
+    ours, expected = jax.grad(objective(lambda x: sm._logp_and_entropy(x, tokens)))(logits), \
+        jax.grad(objective(reference))(logits)
+    assert bool(jnp.isfinite(ours).all())
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)

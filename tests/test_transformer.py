@@ -251,3 +251,25 @@ def test_bad_shapes_are_named(model):
         tr.apply(graphdef, params, tokens, tokens, jnp.ones((2, 3, 5), bool))
     with pytest.raises(ValueError, match="cache k has shape"):
         tr.apply(graphdef, params, tokens, tokens, None, attention.init_cache(config, 3, 8), 0)
+
+
+def test_separate_and_side_by_side_projections_match_the_reference_and_each_other(monkeypatch):
+    # large models run q/k/v and gate/up as separate matmuls, small ones with the kernels joined
+    config = _small()
+    graphdef, params = random_model(config, 3)
+    tokens = np.random.default_rng(4).integers(0, config.vocab_size, (2, 6))
+    positions = np.tile(np.arange(6), (2, 1))
+    expected = _numpy_forward(config, params, tokens, positions, np.tril(np.ones((6, 6), bool))[None].repeat(2, 0))
+    results = []
+    for limit in (0, 1 << 40):
+        monkeypatch.setattr(tr, "FUSE_MAX_KERNEL_BYTES", limit)
+
+        def loss(p):
+            logits, _ = tr.apply(graphdef, p, jnp.asarray(tokens), jnp.asarray(positions))
+            return jnp.sum(jnp.tanh(logits)), logits
+
+        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)  # a fresh trace per limit
+        np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-5, rtol=1e-5)
+        results.append(jax.tree_util.tree_leaves(grads))
+    for separate, joined in zip(*results):
+        np.testing.assert_allclose(np.asarray(separate), np.asarray(joined), atol=1e-5, rtol=1e-5)

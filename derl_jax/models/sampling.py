@@ -299,6 +299,25 @@ def constraint_masks(constraint: Constraint, tokens: jax.Array) -> jax.Array:
 _EXCLUDED_LOGIT = -1e30  # finite, so masked entries give 0 * log 0 = 0 with finite gradients
 
 
+def _logp_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(log softmax(logits)[tokens], entropy of softmax(logits)) f32[B, T] from logits f32[B, T, V]
+    and tokens i32[B, T].
+
+    Written with the log-sum-exp instead of a materialised log-softmax: logp = logit[token] -
+    lse and entropy = lse - sum(softmax * logits), so the forward makes two fused passes over
+    the [B, T, V] logits and the backward of logp one (softmax * dlse), not a log-softmax array
+    and its gradient over the whole vocabulary. The entropy's gradient is exact too.
+    """
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shifted = logits - top
+    total = jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True)
+    lse = jnp.log(total)
+    picked = jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0]
+    probs = jnp.exp(shifted - lse)
+    entropy = lse[..., 0] - jnp.sum(probs * shifted, axis=-1)
+    return picked - lse[..., 0], entropy
+
+
 def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
                       prompt_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
                       temperature: float = 1.0, allowed: jax.Array | None = None, group_size: int = 1
@@ -347,9 +366,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
             raise ValueError(
                 f"sequence_logprobs: allowed must be [B, T, V] = {logits.shape}, got {allowed.shape}")
         logits = jnp.where(allowed, logits, _EXCLUDED_LOGIT)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(log_probs, completions[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    logp, entropy = _logp_and_entropy(logits, completions.astype(jnp.int32))
     logp, entropy = jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
     chex.assert_shape([logp, entropy], completions.shape)
     return logp, entropy

@@ -6,7 +6,8 @@ with rotary position embedding (rotate-half convention) -> residual, RMSNorm -> 
 residual; final RMSNorm; language-model head tied to the embedding or separate.
 
 Every projection runs as one 2-D matmul over the flattened tokens, q/k/v and gate/up each as
-one matmul with their kernels side by side, and attention runs head-major (batched matmuls over
+one matmul with their kernels side by side while those are small (`project_side_by_side`),
+and attention runs head-major (batched matmuls over
 rows and key/value heads): few, transpose-free kernels, which is what tiny models on CPU need.
 The key/value cache is a `KVCache` ([L, B, S, K, Dh]) or a `HeadMajorCache` (per layer
 [B, K, S, Dh], what `sampling` decodes with); both, and the attention arithmetic, live in
@@ -196,6 +197,30 @@ def project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, dtype: Any)
     return y.reshape(*lead, kernel.shape[-1])
 
 
+FUSE_MAX_KERNEL_BYTES = 1 << 20
+"""`project_side_by_side` joins kernels of at most this many bytes in all into one matmul."""
+
+
+def project_side_by_side(x: jax.Array, kernels: list[jax.Array], biases: list[jax.Array] | None,
+                         dtype: Any) -> jax.Array:
+    """x[..., in] @ [kernel_1 ... kernel_n] (+ biases) -> [..., sum of the out sizes], in `dtype`.
+
+    Small kernels (FUSE_MAX_KERNEL_BYTES in all) are joined side by side into one matmul: for a
+    tiny model the number of kernels is what costs. Larger ones run as separate matmuls whose
+    outputs are joined: joining the kernels would copy those weights on every forward (and
+    their gradient back out in the backward pass), gigabytes of memory traffic per step for a
+    model of hundreds of millions of parameters that matmuls of that size do not need.
+    """
+    size = sum(math.prod(k.shape) for k in kernels) * jnp.dtype(dtype).itemsize
+    if size <= FUSE_MAX_KERNEL_BYTES:
+        kernel = jnp.concatenate(kernels, axis=1)
+        bias = None if biases is None else jnp.concatenate(biases)
+        return project(x, kernel, bias, dtype)
+    parts = [project(x, kernel, None if biases is None else bias, dtype)
+             for kernel, bias in zip(kernels, biases or [None] * len(kernels))]
+    return jnp.concatenate(parts, axis=-1)
+
+
 class RMSNorm(nnx.Module):
     """x / rms(x) * scale; the statistics in f32, the result in `dtype`."""
 
@@ -227,15 +252,14 @@ class Attention(nnx.Module):
                  ) -> tuple[jax.Array, Cache | None]:
         """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T, D], cache).
 
-        q, k and v come from one matmul with the three kernels side by side, and q and k are
-        rotated together.
+        q, k and v come from one `project_side_by_side` call, and q and k are rotated together.
         """
         batch, length, _ = x.shape
         h, kv = self.num_heads, self.num_kv_heads
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        kernel = jnp.concatenate([proj.kernel[...] for proj in projections], axis=1)
-        bias = jnp.concatenate([proj.bias[...] for proj in projections])
-        qkv = project(x, kernel, bias, x.dtype).reshape(batch, length, h + 2 * kv, self.head_dim)
+        qkv = project_side_by_side(x, [proj.kernel[...] for proj in projections],
+                                   [proj.bias[...] for proj in projections], x.dtype)
+        qkv = qkv.reshape(batch, length, h + 2 * kv, self.head_dim)
         qk, v = jnp.split(qkv, [h + kv], axis=2)
         q, k = jnp.split(apply_rotary(qk, cos, sin), [h], axis=2)
         cache, k, v = write_cache(cache, k, v, cache_index, layer_index)
@@ -253,9 +277,9 @@ class MLP(nnx.Module):
         self.down_proj = Dense(f, d, shard_input=True, **dense)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """gate and up come from one matmul with the two kernels side by side."""
-        kernel = jnp.concatenate([self.gate_proj.kernel[...], self.up_proj.kernel[...]], axis=1)
-        gate, up = jnp.split(project(x, kernel, None, self.gate_proj.dtype), 2, axis=-1)
+        """gate and up come from one `project_side_by_side` call."""
+        kernels = [self.gate_proj.kernel[...], self.up_proj.kernel[...]]
+        gate, up = jnp.split(project_side_by_side(x, kernels, None, self.gate_proj.dtype), 2, axis=-1)
         return self.down_proj(jax.nn.silu(gate) * up)
 
 
