@@ -361,11 +361,28 @@ def run_compare_in_workers(cfg: Any, workdir: str, domain: Any, base_params: Any
         print(f"warning: {', '.join(failed)} stopped early; their unfinished runs continue here", file=sys.stderr)
 
 
+def _stop_with_parent() -> None:
+    """End this process when the lead process ends, however it ends (Linux; elsewhere a worker
+    finishes the run it holds): a restarted compare must not meet an orphan in its runs."""
+    import ctypes
+    import multiprocessing
+    import signal
+
+    parent = multiprocessing.parent_process().pid
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:   # the lead process ended before the signal was armed
+        os._exit(1)
+
+
 def compare_worker(cfg: Any, workdir: str, token: str) -> None:
     """One extra process of `run_compare_in_workers`: the same domain and base policy, the runs it claims."""
     from derl_jax.meta import protocol
     from derl_jax.meta.workers import Claims
 
+    _stop_with_parent()
     logging.set_verbosity(logging.WARNING)
     domain = build_domain(cfg)
     base_params, evaluator = build_inner(domain, cfg, workdir)
