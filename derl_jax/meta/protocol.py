@@ -215,6 +215,16 @@ def _latex_of(expression: str | None, primitive_names: Sequence[str]) -> str | N
     return to_latex(tree) if tree is not None else None
 
 
+def meta_optimizer_mesh(evaluator: CandidateEvaluator) -> Any:
+    """The mesh the Meta-Optimizer runs on: the inner loop's when this process holds all of its
+    devices; None (this process's own device) in a multi-process job, where every process
+    computes the Meta-Optimizer's steps itself from the same seeds."""
+    mesh = getattr(evaluator, "mesh", None)
+    if mesh is None or any(device.process_index != jax.process_index() for device in mesh.devices.flat):
+        return None
+    return mesh
+
+
 def search_method(
     method: str, cfg: Any, domain: TokenDomain, evaluator: CandidateEvaluator, workdir: str | os.PathLike, seed: int,
     *, base_params: Any, optimizer_factory: OptimizerFactory | None = None, **console: Any,
@@ -229,7 +239,7 @@ def search_method(
     inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
     strategy = make_strategy(
         method, cfg, meta_grammar(cfg, len(names)), names, outcome_index=domain.outcome_index,
-        optimizer_factory=optimizer_factory, mesh=getattr(evaluator, "mesh", None), workdir=os.fspath(workdir),
+        optimizer_factory=optimizer_factory, mesh=meta_optimizer_mesh(evaluator), workdir=os.fspath(workdir),
     )
     return search(
         strategy, evaluator, inner_train, validation, names, cfg, workdir, run_keys(seed)["search"],
