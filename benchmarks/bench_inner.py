@@ -98,6 +98,19 @@ def time_batched(loop, params, programs, keys, dataset, repeats: int, mesh=None)
     return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled)
 
 
+def time_candidate_calls(run_all, repeats: int) -> tuple[float, dict]:
+    """(median seconds of `repeats` calls of `run_all` after one warm-up, metrics stacked over
+    candidates) for `run_all() -> [(params, metrics)]`, one entry per candidate."""
+    outputs = run_all()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = run_all()
+        runs.append(time.perf_counter() - start)
+    metrics = {name: np.stack([np.asarray(out[1][name]) for out in outputs]) for name in outputs[0][1]}
+    return statistics.median(runs), metrics
+
+
 def time_loop(loop, params, programs, keys, dataset, repeats: int, compiled_cache: dict, devices=None):
     """The same with a Python loop over candidates calling one jitted `train`; with `devices`,
     candidate k runs on devices[k % len(devices)] (one executable per device)."""
@@ -123,14 +136,8 @@ def time_loop(loop, params, programs, keys, dataset, repeats: int, compiled_cach
             calls.append(compiled_cache[devices[index]](placed[index][0], program, key, placed[index][1]))
         return block(calls)
 
-    outputs = run_all()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = run_all()
-        runs.append(time.perf_counter() - start)
-    metrics = {name: np.stack([np.asarray(out[1][name]) for out in outputs]) for name in outputs[0][1]}
-    return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled_cache[devices[0]])
+    seconds, metrics = time_candidate_calls(run_all, repeats)
+    return compile_s, seconds, metrics, temp_megabytes(compiled_cache[devices[0]])
 
 
 def time_data_parallel(loop, mesh, params, programs, keys, dataset, repeats: int, compiled_cache: dict):
@@ -150,14 +157,8 @@ def time_data_parallel(loop, mesh, params, programs, keys, dataset, repeats: int
     def run_all():
         return block([compiled(params, program, key, dataset) for program, key in singles])
 
-    outputs = run_all()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = run_all()
-        runs.append(time.perf_counter() - start)
-    metrics = {name: np.stack([np.asarray(out[1][name]) for out in outputs]) for name in outputs[0][1]}
-    return compile_s, statistics.median(runs), metrics, temp_megabytes(compiled)
+    seconds, metrics = time_candidate_calls(run_all, repeats)
+    return compile_s, seconds, metrics, temp_megabytes(compiled)
 
 
 def jax_rows(args) -> tuple[list[dict], dict]:

@@ -414,24 +414,17 @@ def compare(
     os.makedirs(workdir, exist_ok=True)
     RunLogger(workdir, tensorboard=False).write_config(cfg)
     base_test = base_policy_test(workdir, domain, evaluator, base_params)
-    if claim is not None:
-        for method in methods:
-            for seed in seeds:
-                if claim(method, seed):
-                    run_method(method, cfg, domain, evaluator, method_dir(workdir, method, seed), seed,
-                               base_params=base_params, optimizer_factory=optimizer_factory, progress=progress,
-                               echo=echo or _console(f"[{method} seed {seed}]"))
-        return None
-    results: dict[str, list[MethodResult]] = {}
+    results: dict[str, list[MethodResult]] = {method: [] for method in methods}
     for method in methods:
-        results[method] = [
-            run_method(
-                method, cfg, domain, evaluator, method_dir(workdir, method, seed), seed,
-                base_params=base_params, optimizer_factory=optimizer_factory, progress=progress,
-                echo=echo or _console(f"[{method} seed {seed}]"),
-            )
-            for seed in seeds
-        ]
+        for seed in seeds:
+            if claim is None or claim(method, seed):
+                results[method].append(run_method(
+                    method, cfg, domain, evaluator, method_dir(workdir, method, seed), seed,
+                    base_params=base_params, optimizer_factory=optimizer_factory, progress=progress,
+                    echo=echo or _console(f"[{method} seed {seed}]"),
+                ))
+    if claim is not None:
+        return None
     searched = {m: [best_so_far(read_jsonl(os.path.join(method_dir(workdir, m, s), HISTORY_FILE))) for s in seeds]
                 for m in methods if get_strategy(m).searches}
     return write_report(workdir, results, base_test=base_test, best_so_far=searched)

@@ -86,4 +86,8 @@ class Claims:
 
     def owners(self) -> dict[str, int]:
         """Run (`<method>.seed_<s>`) -> pid of the process that claimed it."""
-        return {name: int(open(os.path.join(self.directory, name)).read() or 0) for name in os.listdir(self.directory)}
+        owners = {}
+        for name in os.listdir(self.directory):
+            with open(os.path.join(self.directory, name), encoding="utf-8") as handle:
+                owners[name] = int(handle.read() or 0)
+        return owners
