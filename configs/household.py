@@ -60,12 +60,12 @@ def default() -> ml_collections.ConfigDict:
     domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 200, "num_test": 60,
               "held_out_kinds": (4, 5), "max_turns": 16, "history": 2, "self_guide": False,
               "self_rewards": (0.1, 0.0, -0.1)}
-    policy = {**common.SCRATCH_MODEL, "sft_steps": 1200, "sft_lr": 3e-3, "sft_batch_size": 32,
+    policy = {**common.SCRATCH_MODEL, "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
-    cfg.inner.update(steps=8, prompts_per_step=2, group_size=4, lr=1e-3)
+    cfg.inner.update(steps=6, prompts_per_step=4, group_size=8, lr=3e-4)
     cfg.outer.update(iterations=2, num_candidates=4)
-    cfg.final.steps = 8
+    cfg.final.steps = 16
     cfg.compare.update(methods=METHODS, candidate_test=False)
     cfg.compare.levels = ("L0", "L1", "L2")
     cfg.trust = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
