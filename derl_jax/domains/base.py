@@ -82,6 +82,8 @@ class Domain:
       "env"    multi-turn episodes against `env` (`derl_jax.domains.env`); prompts hold the
                task, then the last `history` actions and observations; primitives read
                step_scores f32[N, S], step_mask bool[N, S], success f32[N].
+    prompt_budget: "env" only, the most tokens of a turn's prompt (0 = room for the whole window);
+      a longer window loses its oldest tokens (`derl_jax.rl.rollout.turn_prompts`).
     stop_ids: tokens that end a completion (default: eos only). bucket_sizes: allowed prompt
       lengths for host rollouts (() = the split's width).
     corpus: optional `corpus(seed, holdout_rows, options) -> [(prompt text, completion text)]`,
@@ -104,6 +106,7 @@ class Domain:
     bucket_sizes: tuple[int, ...] = ()
     env: Any = None
     history: int = 2
+    prompt_budget: int = 0
     corpus: Callable[[int, Sequence[int], Any], list[tuple[str, str]]] | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -117,6 +120,9 @@ class Domain:
                              f"{len(self.primitives)} primitives")
         if self.rollout == "env" and (self.env is None or self.history < 1):
             raise ValueError(f"domain {self.name!r}: rollout 'env' needs an env and history >= 1")
+        if self.prompt_budget and not (self.rollout == "env" and self.prompt_budget >= self._task_width):
+            raise ValueError(f"domain {self.name!r}: prompt_budget {self.prompt_budget} needs rollout 'env' and "
+                             f"room for the task prompt's {self._task_width} tokens")
         if not self.stop_ids:
             object.__setattr__(self, "stop_ids", (int(self.eos_id),))
 
@@ -125,12 +131,17 @@ class Domain:
         return tuple(p.name for p in self.primitives)
 
     @property
+    def _task_width(self) -> int:
+        return max(int(self.train.prompts.shape[1]), int(self.test.prompts.shape[1]))
+
+    @property
     def prompt_length(self) -> int:
-        """Tokens of the longest prompt the policy sees (multi-turn: task plus history)."""
-        width = max(int(self.train.prompts.shape[1]), int(self.test.prompts.shape[1]))
+        """Tokens of the longest prompt the policy sees (multi-turn: task plus history, at most
+        `prompt_budget`)."""
+        width = self._task_width
         if self.rollout == "env":
             width += self.history * (int(self.env.action_length) + int(self.env.obs_length))
-        return width
+        return min(width, self.prompt_budget) if self.prompt_budget else width
 
     @property
     def validation_metric(self) -> str:

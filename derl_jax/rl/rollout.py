@@ -23,7 +23,8 @@ Multi-turn prompts (turn t of an episode, W = `Domain.history`): the task's prom
 then for j = t-W .. t-1 the policy's action a_j followed by the observation o_{j+1} it led to
 (o_0, from reset, is the last slot at t = 0); missing turns are padding. Real tokens are
 packed to the right (left padding), so every turn's prompt has the fixed length
-Tp + W * (A + O). Action tokens enter later prompts without their EOS. An episode ends when
+P = `Domain.prompt_length` (at most Tp + W * (A + O); a shorter P drops a long window's oldest
+tokens, `turn_prompts`). Action tokens enter later prompts without their EOS. An episode ends when
 the environment says `done` or after S = env.max_turns turns; turns after the end are
 masked out of the loss and of the step scores.
 """
@@ -94,13 +95,30 @@ def left_pack(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]
 
 
 def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array,
-                 observations: jax.Array, obs_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+                 observations: jax.Array, obs_mask: jax.Array, length: int | None = None,
+                 pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
     """Prompts of one turn: task i32[N, Tp], actions i32[N, W, A], observations i32[N, W, O]
-    (slot j: action j and the observation it led to) -> left-padded i32[N, Tp + W*(A+O)] and mask."""
+    (slot j: action j and the observation it led to) -> left-padded i32[N, P] and mask bool[N, P].
+
+    P = min(`length`, Tp + W*(A+O)); None: room for every token. When a row's real tokens do not fit
+    in P, its oldest history tokens are dropped (set to `pad_id`); the task is always whole, so
+    `length` must be >= Tp.
+    """
     chex.assert_rank([task, actions, observations], [2, 3, 3])
     history = jnp.concatenate([actions, observations], axis=-1).reshape(task.shape[0], -1)
     history_mask = jnp.concatenate([action_mask, obs_mask], axis=-1).reshape(task.shape[0], -1)
-    return left_pack(jnp.concatenate([task, history], axis=1), jnp.concatenate([task_mask, history_mask], axis=1))
+    full = task.shape[1] + history.shape[1]
+    length = full if length is None else min(int(length), full)
+    if length < task.shape[1]:
+        raise ValueError(f"turn_prompts: prompt length {length} leaves no room for the task prompt's "
+                         f"{task.shape[1]} tokens")
+    if length < full:
+        room = length - jnp.sum(task_mask, axis=1, keepdims=True)
+        newer = jnp.cumsum(history_mask[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
+        history_mask = history_mask & (newer <= room)
+        history = jnp.where(history_mask, history, pad_id)
+    tokens, mask = left_pack(jnp.concatenate([task, history], axis=1), jnp.concatenate([task_mask, history_mask], axis=1))
+    return tokens[:, full - length:], mask[:, full - length:]
 
 
 def _shift_in(history: jax.Array, latest: jax.Array) -> jax.Array:
@@ -115,6 +133,7 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
     if is_host_env(env):
         env = HostEnvBridge(env)
     turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
+    length = int(domain.prompt_budget) or None
     if act_len != cfg.max_new_tokens:
         raise ValueError(f"multi-turn domain {domain.name!r}: env.action_length={act_len} but the policy "
                          f"generates max_new_tokens={cfg.max_new_tokens} tokens per turn")
@@ -131,7 +150,7 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
         def turn(carry, index):
             state, observations, actions, alive, success = carry
             prompts, prompt_mask = turn_prompts(batch.prompts, batch.prompt_mask, actions, actions != pad,
-                                                observations, observations != pad)
+                                                observations, observations != pad, length, pad)
             prompts, prompt_mask = over_data(prompts), over_data(prompt_mask)
             out = _generate(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, index),
                             domain=domain, cfg=cfg, greedy=greedy, group_size=1)

@@ -29,41 +29,45 @@ DEFAULT_WINDOW = 2
 PLAY_BUCKET = 1024  # episodes per compiled batch of `sft_corpus`
 
 
-def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, window: int):
+def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, window: int,
+                    length: int | None = None):
     """(tokens i32[S, P], mask bool[S, P]): the prompt of every turn of one episode.
 
-    description i32[D]; obs i32[S+1, O] (obs[t] seen at turn t); actions i32[S, A].
+    description i32[D]; obs i32[S+1, O] (obs[t] seen at turn t); actions i32[S, A]; P as
+    `build_prompt` sets it from `length`.
     """
     task_tokens = task_prompt(description, obs[0])
 
     def turn(history: History, step):
         action, next_obs = step
-        return push_history(history, action, next_obs), build_prompt(task_tokens, history)
+        return push_history(history, action, next_obs), build_prompt(task_tokens, history, length)
 
     _, prompts = jax.lax.scan(turn, start_history(window, obs[0], actions.shape[1]), (actions, obs[1:]))
     return prompts
 
 
-@functools.partial(jax.jit, static_argnames=("env", "window"))
-def play(tasks: Task, key: jax.Array, perturb_rate: jax.Array, env: HouseholdEnv, window: int = DEFAULT_WINDOW):
+@functools.partial(jax.jit, static_argnames=("env", "window", "length"))
+def play(tasks: Task, key: jax.Array, perturb_rate: jax.Array, env: HouseholdEnv, window: int = DEFAULT_WINDOW,
+         length: int | None = None):
     """Play every task once with the expert perturbed at `perturb_rate` (f32[], traced: one compiled
     function serves every rate), vmapped over the M tasks under jit.
 
-    Returns (prompts i32[M, S, P], prompt_mask bool[M, S, P], actions i32[M, S, A] cut at eos,
+    Returns (prompts i32[M, S, P] (P: `build_prompt` of `length`), prompt_mask bool[M, S, P], actions i32[M, S, A] cut at eos,
     episodes) where episodes is `expert.rollout`'s dict.
     """
     policy = perturbed_policy(perturb_rate)
     if env.self_guide:   # each action starts with the expert's self-assessment
         policy = with_assessment(policy)
     episodes = rollout(env, tasks, key, policy)
-    prompts, prompt_mask = jax.vmap(episode_prompts, in_axes=(0, 0, 0, None))(
-        tasks.description, episodes["obs"], episodes["actions"], window)
+    prompts, prompt_mask = jax.vmap(episode_prompts, in_axes=(0, 0, 0, None, None))(
+        tasks.description, episodes["obs"], episodes["actions"], window, length)
     return prompts, prompt_mask, truncate_at_eos(episodes["actions"]), episodes
 
 
 def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv | None = None,
-               window: int = DEFAULT_WINDOW) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(prompt i32[p], action i32[a]) per turn taken, episodes in task order, turns in order."""
+               window: int = DEFAULT_WINDOW, length: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(prompt i32[p], action i32[a]) per turn taken, episodes in task order, turns in order; p <=
+    `length` when given (the rollout's prompt budget)."""
     if not 0.0 <= perturb_rate <= 1.0:
         raise ValueError(f"household sft_corpus: perturb_rate must be in [0, 1], got {perturb_rate}")
     env = env or HouseholdEnv()
@@ -71,7 +75,8 @@ def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv
     padded = -(-count // PLAY_BUCKET) * PLAY_BUCKET     # one compiled `play` serves every corpus size up to it
     rows = np.minimum(np.arange(padded), count - 1)
     prompts, prompt_mask, actions, episodes = jax.device_get(
-        play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env, int(window)))
+        play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env, int(window),
+             None if length is None else int(length)))
     corpus = []
     for episode in range(count):
         for turn in np.flatnonzero(episodes["step_mask"][episode]):

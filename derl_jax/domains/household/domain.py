@@ -4,6 +4,8 @@ Config block `domain` (configs/household.py):
   kind="household"; level: "L0" | "L1" | "L2"; seed: task generation and seen/unseen split;
   num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
   into tasks.KINDS); max_turns: turns per episode; history: the prompt window W;
+  prompt_budget (default 0: room for the whole window): the most tokens of a turn's prompt,
+  0 or >= the task prompt's 77; a longer window loses its oldest tokens (rollout and corpus alike);
   self_guide (default False): the policy writes a self-assessment word before each action
   (Self-Guide, see selfguide.py), mapped to the internal rewards self_rewards (default
   (0.1, 0.0, -0.1) for progress+ / progress= / progress-); adds the primitive g_sg.
@@ -36,7 +38,7 @@ from derl_jax.domains.household import corpus as household_corpus
 from derl_jax.domains.household import tasks as T
 from derl_jax.domains.household import vocab
 from derl_jax.domains.household.env import TASK_FIELDS, HouseholdEnv
-from derl_jax.domains.household.prompt import task_prompt
+from derl_jax.domains.household.prompt import TASK_PROMPT_LENGTH, task_prompt
 from derl_jax.domains.registry import DomainSpec, register_domain
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
@@ -81,6 +83,7 @@ def make_household_domain(cfg: Any) -> Domain:
         rollout="env",
         env=env,
         history=int(cfg.history),
+        prompt_budget=int(cfg.get("prompt_budget", 0)),
         info={"level": str(cfg.level), "seed": int(cfg.seed), "train_kinds": [T.KINDS[k] for k in train_kinds],
               "test_kinds": [T.KINDS[k] for k in test_kinds], "test_unseen": unseen,
               "type_split": dataclasses.asdict(T.type_split(int(cfg.seed)))},
@@ -121,7 +124,8 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
         raise ValueError("household corpus: no tasks are left for the supervised corpus")
     tasks = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
     words = vocab.WordVocab(self_guide=domain.env.self_guide)
-    pairs = household_corpus.sft_corpus(tasks, int(seed), rate, env=domain.env, window=domain.history)
+    pairs = household_corpus.sft_corpus(tasks, int(seed), rate, env=domain.env, window=domain.history,
+                                         length=domain.prompt_length)
     return [(words.decode(prompt), words.decode(action)) for prompt, action in pairs]
 
 
@@ -133,6 +137,11 @@ def validate_household_config(cfg: Any) -> None:
     int_at_least(cfg, "domain.num_test", 1)
     int_at_least(cfg, "domain.max_turns", 1)
     int_at_least(cfg, "domain.history", 1)
+    if "prompt_budget" in config_value(cfg, "domain"):
+        budget = int_at_least(cfg, "domain.prompt_budget", 0)
+        if 0 < budget < TASK_PROMPT_LENGTH:
+            raise ConfigError(f"config.domain.prompt_budget must be 0 (the whole window) or at least the task "
+                              f"prompt's {TASK_PROMPT_LENGTH} tokens, got {budget}")
     held_out = int_tuple(cfg, "domain.held_out_kinds", minimum=0, allowed=range(len(T.KINDS)))
     if len(held_out) != 2:
         raise ConfigError(f"config.domain.held_out_kinds must name two kinds of 0..5 {T.KINDS}, got {held_out}")

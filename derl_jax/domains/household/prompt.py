@@ -10,7 +10,8 @@ with the task and the first look around the room).
 
 Slot j of the window holds an action and the observation it led to; at reset the last slot
 holds only o_0 (its action is padding). Pad tokens (and anything from an action's first eos on)
-are dropped and the prompt is left-padded to `prompt_length(W)`. `task_prompt`, `push_history`
+are dropped and the prompt is left-padded to `prompt_length(W)`, or to a shorter budget that drops
+the window's oldest tokens. `task_prompt`, `push_history`
 and `build_prompt` are pure and jit/vmap-able.
 
 Shapes: D description tokens, Tp = D + O + 1 task prompt tokens, W window turns, O observation
@@ -27,6 +28,7 @@ from derl_jax.domains.household import text, vocab
 from derl_jax.domains.household.actions import ACTION_LENGTH, truncate_at_eos
 from derl_jax.domains.household.env import OBS_LENGTH
 from derl_jax.domains.household.tasks import DESCRIPTION_LENGTH
+from derl_jax.rl.rollout import turn_prompts
 
 TASK_PROMPT_LENGTH = 1 + DESCRIPTION_LENGTH + OBS_LENGTH
 
@@ -68,12 +70,15 @@ def push_history(history: History, action: jax.Array, next_obs: jax.Array) -> Hi
                    obs=jnp.concatenate([history.obs[1:], next_obs[None].astype(jnp.int32)]))
 
 
-def build_prompt(task_tokens: jax.Array, history: History) -> tuple[jax.Array, jax.Array]:
+def build_prompt(task_tokens: jax.Array, history: History, length: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(tokens i32[P], mask bool[P]): the left-padded prompt of a turn from the task prompt i32[Tp]
-    (`task_prompt`) and the window."""
-    window, action_length = history.actions.shape
-    turns = jnp.concatenate([truncate_at_eos(history.actions), history.obs], axis=1).reshape(-1)
-    tokens = jnp.concatenate([task_tokens.astype(jnp.int32), turns])
-    mask = tokens != vocab.PAD_ID
-    length = prompt_length(window, history.obs.shape[1], action_length, task_tokens.shape[0])
-    return text.pack(tokens, mask, length, left=True), jnp.arange(length) >= length - jnp.sum(mask)
+    (`task_prompt`) and the window, exactly as the rollout writes it (`turn_prompts`).
+
+    P = min(`length`, prompt_length(W)); None: room for the whole window. A window too long for P
+    loses its oldest tokens.
+    """
+    actions = truncate_at_eos(history.actions)
+    tokens, mask = turn_prompts(task_tokens[None].astype(jnp.int32), task_tokens[None] != vocab.PAD_ID,
+                                actions[None], actions[None] != vocab.PAD_ID, history.obs[None],
+                                history.obs[None] != vocab.PAD_ID, length, vocab.PAD_ID)
+    return tokens[0], mask[0]
