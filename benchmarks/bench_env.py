@@ -16,6 +16,8 @@ Rows:
                    commands; "not installed" when the package is missing.
   inner loop       one GRPO inner-loop run (`derl_jax.rl.loop.train`, jitted) on the household
                    `smoke` config with a scratch policy: episodes/s = steps * B * G / run time.
+  inner step       (full run only) one step of the default preset, 4 tasks x 8 episodes of 16
+                   turns, at `domain.prompt_budget` 0 (the whole 221-token window) and 128.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from derl_jax.domains.household import tasks as T  # noqa: E402
 from derl_jax.domains.household.env import HouseholdEnv  # noqa: E402
 from derl_jax.domains.household.expert import random_action  # noqa: E402
 
-FULL = {"episodes": (1, 16, 256, 4096), "turns": 30, "inner_steps": 4, "sw_workers": 4, "sw_turns": 20}
-QUICK = {"episodes": (1, 16, 256), "turns": 10, "inner_steps": 2, "sw_workers": 2, "sw_turns": 5}
+FULL = {"episodes": (1, 16, 256, 4096), "turns": 30, "inner_steps": 4, "sw_workers": 4, "sw_turns": 20,
+        "prompt_budgets": (0, 128)}
+QUICK = {"episodes": (1, 16, 256), "turns": 10, "inner_steps": 2, "sw_workers": 2, "sw_turns": 5,
+         "prompt_budgets": ()}
 DISTINCT_TASKS = 64
 
 
@@ -146,7 +150,9 @@ def bench_alfworld(settings: dict) -> list[dict]:
              "steps_per_s": steps / seconds, "status": f"ok ({workers} workers)"}]
 
 
-def bench_inner(settings: dict) -> list[dict]:
+def time_inner_loop(preset: str, steps: int, label: str, **domain) -> dict:
+    """One jitted GRPO inner-loop run of `steps` steps on the household `preset` (scratch policy;
+    `domain` overrides config.domain fields): compile and median run seconds, episodes/s."""
     from configs import household
     from derl_jax.domains.registry import get_domain
     from derl_jax.expr import compile_expr, parse
@@ -155,21 +161,33 @@ def bench_inner(settings: dict) -> list[dict]:
     from derl_jax.rl.config import inner_config
     from derl_jax.rl.loop import make_inner_loop
 
-    cfg = household.get_config("smoke")
-    cfg.inner.update(steps=settings["inner_steps"], kl_metric=False)
-    domain = get_domain("household").build(cfg)
-    graphdef, params = init_params(sft.policy_model_config(domain, cfg.policy), jax.random.key(0))
-    loop = make_inner_loop(domain, graphdef, inner_config(cfg, domain.max_new_tokens))
-    program = compile_expr(parse("g1", domain.primitive_names))
+    cfg = household.get_config(preset)
+    cfg.inner.update(steps=steps, kl_metric=False)
+    cfg.domain.update(domain)
+    built = get_domain("household").build(cfg)
+    graphdef, params = init_params(sft.policy_model_config(built, cfg.policy), jax.random.key(0))
+    loop = make_inner_loop(built, graphdef, inner_config(cfg, built.max_new_tokens))
+    program = compile_expr(parse("g1", built.primitive_names))
     train = jax.jit(loop.train)
     key = jax.random.key(1)
     start = time.perf_counter()
-    jax.block_until_ready(train(params, program, key, domain.train))
+    jax.block_until_ready(train(params, program, key, built.train))
     compile_s = time.perf_counter() - start
-    seconds = median_time(lambda: jax.block_until_ready(train(params, program, key, domain.train)), repeats=1, warmup=0)
-    episodes = cfg.inner.steps * cfg.inner.prompts_per_step * cfg.inner.group_size
-    return [{"engine": "inner loop (household smoke)", "episodes": episodes, "steps": episodes * domain.env.max_turns,
-             "compile_s": compile_s, "run_s": seconds, "episodes_per_s": episodes / seconds}]
+    seconds = median_time(lambda: jax.block_until_ready(train(params, program, key, built.train)), repeats=1, warmup=0)
+    episodes = steps * cfg.inner.prompts_per_step * cfg.inner.group_size
+    return {"engine": label, "episodes": episodes, "steps": episodes * built.env.max_turns,
+            "compile_s": compile_s, "run_s": seconds, "episodes_per_s": episodes / seconds,
+            "status": f"prompts of {built.prompt_length} tokens"}
+
+
+def bench_inner(settings: dict) -> list[dict]:
+    """The smoke inner loop; in a full run also one step of the default preset (4 tasks x 8
+    episodes of 16 turns) with the whole window in the prompt and at the default prompt budget."""
+    rows = [time_inner_loop("smoke", settings["inner_steps"], "inner loop (household smoke)")]
+    for budget in settings["prompt_budgets"]:
+        rows.append(time_inner_loop("default", 1, f"inner step (household default, prompt_budget={budget})",
+                                    prompt_budget=budget))
+    return rows
 
 
 def main(argv=None) -> dict:

@@ -64,6 +64,8 @@ def test_reset_reads_a_context_row(domain):
     ("history", 0, "config.domain.history"),
     ("held_out_kinds", (T.COOL,), "config.domain.held_out_kinds"),
     ("held_out_kinds", (T.COOL, 9), "config.domain.held_out_kinds"),
+    ("prompt_budget", 76, "config.domain.prompt_budget"),
+    ("prompt_budget", -1, "config.domain.prompt_budget"),
 ])
 def test_bad_config_fields_are_named(field, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -92,6 +94,29 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
     assert len(more) > len(texts) and more[: len(texts)] == texts
     with pytest.raises(ValueError, match="holdout_rows"):
         domain.corpus(7, [99], {})
+
+
+def test_a_prompt_budget_caps_the_corpus_and_rollout_prompts():
+    """At a budget, corpus prompts are the full-window prompts cut to their newest tokens (the
+    task whole), and the encoder pads them to the budget: nothing longer reaches the warm start."""
+    full, capped = (get_domain("household").build(config(prompt_budget=budget)) for budget in (0, 80))
+    assert full.prompt_length == 221 and capped.prompt_length == 80
+    long_texts = full.corpus(5, [], {"sft_perturb_rate": 0.5})
+    texts = capped.corpus(5, [], {"sft_perturb_rate": 0.5})
+    assert len(texts) == len(long_texts)
+    words = capped.tokenizer
+    cut = 0
+    for (prompt, action), (long_prompt, long_action) in zip(texts, long_texts):
+        assert action == long_action
+        tokens, long_tokens = words.encode(prompt, add_bos=True), words.encode(long_prompt, add_bos=True)
+        assert len(tokens) == min(len(long_tokens), 80)
+        room = long_prompt.index("you are in the middle")   # the task: <bos> description room (two periods)
+        task = words.encode(long_prompt[: long_prompt.index(" .", long_prompt.index(" .", room) + 2) + 2], add_bos=True)
+        newest = len(tokens) - len(task)
+        assert tokens == long_tokens[: len(task)] + long_tokens[len(long_tokens) - newest:]
+        cut += len(long_tokens) > 80
+    assert cut > 0
+    words.encode_batch([p for p, _ in texts], capped.prompt_length, left_pad=True, add_bos=True)
 
 
 @pytest.mark.parametrize("self_guide", [False, True])

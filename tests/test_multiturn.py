@@ -147,6 +147,29 @@ def test_turn_prompts_hold_the_task_then_the_last_w_actions_and_observations():
     np.testing.assert_array_equal(np.asarray(mask)[0], [False] * (width - len(real)) + [True] * len(real))
 
 
+@pytest.mark.parametrize("length", [3, 5, 8, 11, 40])
+def test_turn_prompts_at_a_budget_drop_the_oldest_window_tokens(length):
+    """A list reference: keep the whole task, then as many of the newest window tokens as fit."""
+    rng = np.random.default_rng(length)
+    task = jnp.array([[PAD, BOS, 6], [BOS, 6, 7]], jnp.int32)
+    actions = jnp.asarray(np.where(rng.random((2, 2, 3)) < 0.3, PAD, rng.integers(4, 9, (2, 2, 3))), jnp.int32)
+    observations = jnp.asarray(np.where(rng.random((2, 2, 3)) < 0.3, PAD, rng.integers(4, 9, (2, 2, 3))), jnp.int32)
+    prompts, mask = rollout_lib.turn_prompts(task, task != PAD, actions, actions != PAD, observations,
+                                             observations != PAD, length, PAD)
+    width = min(length, 3 + 2 * (3 + 3))
+    assert prompts.shape == mask.shape == (2, width)
+    for row in range(2):
+        kept = [int(t) for t in np.asarray(task[row]) if t != PAD]
+        window = [int(t) for slot in range(2) for t in np.concatenate([np.asarray(actions[row, slot]),
+                                                                       np.asarray(observations[row, slot])]) if t != PAD]
+        room = width - len(kept)
+        real = kept + (window[len(window) - room:] if len(window) > room else window)
+        np.testing.assert_array_equal(np.asarray(prompts)[row], [PAD] * (width - len(real)) + real)
+        np.testing.assert_array_equal(np.asarray(mask)[row], [False] * (width - len(real)) + [True] * len(real))
+    with pytest.raises(ValueError, match="no room for the task prompt"):
+        rollout_lib.turn_prompts(task, task != PAD, actions, actions != PAD, observations, observations != PAD, 2, PAD)
+
+
 class EnvStepTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_step_contract_and_values(self):
