@@ -96,13 +96,13 @@ def left_pack(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]
 
 def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array,
                  observations: jax.Array, obs_mask: jax.Array, length: int | None = None,
-                 pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
+                 pad_id: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Prompts of one turn: task i32[N, Tp], actions i32[N, W, A], observations i32[N, W, O]
     (slot j: action j and the observation it led to) -> left-padded i32[N, P] and mask bool[N, P].
 
     P = min(`length`, Tp + W*(A+O)); None: room for every token. When a row's real tokens do not fit
-    in P, its oldest history tokens are dropped (set to `pad_id`); the task is always whole, so
-    `length` must be >= Tp.
+    in P, its oldest history tokens are dropped (set to `pad_id`, needed then); the task is always
+    whole, so `length` must be >= Tp.
     """
     chex.assert_rank([task, actions, observations], [2, 3, 3])
     history = jnp.concatenate([actions, observations], axis=-1).reshape(task.shape[0], -1)
@@ -113,6 +113,8 @@ def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, acti
         raise ValueError(f"turn_prompts: prompt length {length} leaves no room for the task prompt's "
                          f"{task.shape[1]} tokens")
     if length < full:
+        if pad_id is None:
+            raise ValueError("turn_prompts: a prompt length below the full width needs pad_id")
         room = length - jnp.sum(task_mask, axis=1, keepdims=True)
         newer = jnp.cumsum(history_mask[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
         history_mask = history_mask & (newer <= room)
@@ -133,7 +135,7 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
     if is_host_env(env):
         env = HostEnvBridge(env)
     turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
-    length = int(domain.prompt_budget) or None
+    length = int(domain.prompt_length)   # a split narrower than the widest keeps its own full width
     if act_len != cfg.max_new_tokens:
         raise ValueError(f"multi-turn domain {domain.name!r}: env.action_length={act_len} but the policy "
                          f"generates max_new_tokens={cfg.max_new_tokens} tokens per turn")
