@@ -31,9 +31,8 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              num_train / num_test tasks, held_out_kinds (the two kinds L2 tests on; indices of
              pick, examine, clean, heat, cool, pick_two), max_turns per episode, history (W,
              the turns of actions and observations in each prompt), prompt_budget (the most
-             tokens of a turn's prompt; 144 drops the oldest window tokens of 1.4% of the expert's
-             prompts and makes an inner step about twice as fast as 0, room for the whole
-             237-token window)
+             tokens of a turn's prompt; 128 drops the oldest window tokens of 0.4% of the expert's
+             prompts and halves an inner step against 0, room for the whole 221-token window)
              self_guide (the policy writes progress+ / progress= / progress- before each
              action; adds primitive g_sg, the episode's summed self-reward), self_rewards
              (the internal rewards of the three words, default (0.1, 0.0, -0.1))
@@ -61,7 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def default() -> ml_collections.ConfigDict:
     domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 200, "num_test": 60,
-              "held_out_kinds": (4, 5), "max_turns": 16, "history": 2, "prompt_budget": 144, "self_guide": False,
+              "held_out_kinds": (4, 5), "max_turns": 16, "history": 2, "prompt_budget": 128, "self_guide": False,
               "self_rewards": (0.1, 0.0, -0.1)}
     policy = {**common.SCRATCH_MODEL, "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}

@@ -40,8 +40,8 @@ def test_domain_splits_are_the_level_splits(domain):
         assert prompt.tolist() == words.encode(words.decode(train.description[row]) + " " + room, add_bos=True)
         assert room.startswith("you are in the middle of a room")
     assert domain.primitive_names == ("outcome", "phase_first", "phase_middle", "phase_last")
-    assert domain.rollout == "env" and domain.max_new_tokens == domain.env.action_length == 10
-    assert domain.prompt_length == 13 + 68 + 2 * (10 + 68)
+    assert domain.rollout == "env" and domain.max_new_tokens == domain.env.action_length == 8
+    assert domain.prompt_length == 13 + 64 + 2 * (8 + 64)
     assert domain.info["test_kinds"] == ["cool", "pick_two"] and domain.info["test_unseen"]
 
 
@@ -64,7 +64,7 @@ def test_reset_reads_a_context_row(domain):
     ("history", 0, "config.domain.history"),
     ("held_out_kinds", (T.COOL,), "config.domain.held_out_kinds"),
     ("held_out_kinds", (T.COOL, 9), "config.domain.held_out_kinds"),
-    ("prompt_budget", 80, "config.domain.prompt_budget"),
+    ("prompt_budget", 76, "config.domain.prompt_budget"),
     ("prompt_budget", -1, "config.domain.prompt_budget"),
 ])
 def test_bad_config_fields_are_named(field, value, message):
@@ -99,8 +99,8 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
 def test_a_prompt_budget_caps_the_corpus_and_rollout_prompts():
     """At a budget, corpus prompts are the full-window prompts cut to their newest tokens (the
     task whole), and the encoder pads them to the budget: nothing longer reaches the warm start."""
-    full, capped = (get_domain("household").build(config(prompt_budget=budget)) for budget in (0, 96))
-    assert full.prompt_length == 237 and capped.prompt_length == 96
+    full, capped = (get_domain("household").build(config(prompt_budget=budget)) for budget in (0, 80))
+    assert full.prompt_length == 221 and capped.prompt_length == 80
     long_texts = full.corpus(5, [], {"sft_perturb_rate": 0.5})
     texts = capped.corpus(5, [], {"sft_perturb_rate": 0.5})
     assert len(texts) == len(long_texts)
@@ -109,12 +109,12 @@ def test_a_prompt_budget_caps_the_corpus_and_rollout_prompts():
     for (prompt, action), (long_prompt, long_action) in zip(texts, long_texts):
         assert action == long_action
         tokens, long_tokens = words.encode(prompt, add_bos=True), words.encode(long_prompt, add_bos=True)
-        assert len(tokens) == min(len(long_tokens), 96)
+        assert len(tokens) == min(len(long_tokens), 80)
         room = long_prompt.index("you are in the middle")   # the task: <bos> description room (two periods)
         task = words.encode(long_prompt[: long_prompt.index(" .", long_prompt.index(" .", room) + 2) + 2], add_bos=True)
         newest = len(tokens) - len(task)
         assert tokens == long_tokens[: len(task)] + long_tokens[len(long_tokens) - newest:]
-        cut += len(long_tokens) > 96
+        cut += len(long_tokens) > 80
     assert cut > 0
     words.encode_batch([p for p, _ in texts], capped.prompt_length, left_pad=True, add_bos=True)
 
@@ -127,7 +127,7 @@ def test_every_corpus_completion_fits_the_generation_budget_with_eos(self_guide)
     built = get_domain("household").build(cfg)
     texts = built.corpus(3, [], {"sft_perturb_rate": 1.0})
     lengths = [len(built.tokenizer.encode(a, add_eos=True)) for _, a in texts]
-    assert max(lengths) == built.max_new_tokens == 10 + int(self_guide)
+    assert max(lengths) == built.max_new_tokens == 8 + int(self_guide)
 
 
 @pytest.mark.parametrize("preset", ["default", "smoke"])

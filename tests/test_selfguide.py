@@ -184,18 +184,18 @@ def domain_config(**domain):
     from configs import household
 
     cfg = household.get_config("sg_smoke")
-    cfg.domain.update({"num_train": 10, "num_test": 4, "max_turns": 5, **domain})
+    cfg.domain.update(num_train=10, num_test=4, max_turns=5, **domain)
     return cfg
 
 
 def test_self_guide_domain_and_corpus():
-    cfg = domain_config(max_turns=10)     # long enough for a subgoal, so every assessment occurs
+    cfg = domain_config()
     spec = get_domain("household")
     spec.validate(cfg)
     domain = spec.build(cfg)
     assert domain.primitive_names == spec.primitive_names(cfg) == (
         "outcome", "phase_first", "phase_middle", "phase_last", "g_sg")
-    assert domain.max_new_tokens == domain.env.action_length == 11 and domain.tokenizer.vocab_size == vocab.VOCAB_SIZE + 3
+    assert domain.max_new_tokens == domain.env.action_length == 9 and domain.tokenizer.vocab_size == vocab.VOCAB_SIZE + 3
     texts = domain.corpus(0, [], {"sft_perturb_rate": 0.3})
     assert texts and all(completion.split()[0] in vocab.ASSESSMENTS for _, completion in texts)
     assert {completion.split()[0] for _, completion in texts} == set(vocab.ASSESSMENTS)
@@ -203,7 +203,7 @@ def test_self_guide_domain_and_corpus():
     _, mask = domain.tokenizer.encode_batch([c for _, c in texts], domain.max_new_tokens, left_pad=False, add_eos=True)
     assert mask.sum(axis=1).max() <= domain.max_new_tokens
     off = spec.build(domain_config(self_guide=False))
-    assert off.primitive_names == ("outcome", "phase_first", "phase_middle", "phase_last") and off.max_new_tokens == 10
+    assert off.primitive_names == ("outcome", "phase_first", "phase_middle", "phase_last") and off.max_new_tokens == 8
 
 
 @pytest.mark.parametrize("field, value", [("self_guide", 1), ("self_rewards", (0.1, 0.0)),

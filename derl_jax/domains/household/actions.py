@@ -7,8 +7,7 @@ one of the templates below, then pad (anything after the first eos is ignored):
     use O#              clean O# with R#     heat O# with R#      cool O# with R#
     examine O#          examine R#           look                 inventory
 
-O# / R# are an object / receptacle type's two words followed by an instance number
-("wooden cabinet 2").
+O# / R# are an object / receptacle type name followed by an instance number ("cabinet 2").
 An action is well-formed when it has a tag and matches a template exactly; it names an entity
 that may or may not exist in the room (a missing one makes the action fail, not malformed).
 """
@@ -22,9 +21,9 @@ from flax import struct
 
 from derl_jax.domains.household import vocab
 
-ACTION_LENGTH = 10   # tag, the longest template (take O# from R#: 8 words), eos
-END, LIT, OBJ_MOD, OBJ, OBJ_NUM, REC_MOD, REC, REC_NUM = range(8)
-_SLOT = {"O": (OBJ_MOD, OBJ, OBJ_NUM), "R": (REC_MOD, REC, REC_NUM)}
+ACTION_LENGTH = 8
+END, LIT, OBJ, OBJ_NUM, REC, REC_NUM = range(6)
+_SLOT = {"O": (OBJ, OBJ_NUM), "R": (REC, REC_NUM)}
 TEMPLATE_TEXT = (
     ("go", "go to R"), ("take", "take O from R"), ("put", "put O in/on R"), ("open", "open R"),
     ("close", "close R"), ("use", "use O"), ("clean", "clean O with R"), ("heat", "heat O with R"),
@@ -45,8 +44,8 @@ def _template_tables() -> tuple[np.ndarray, np.ndarray]:
         position = 0
         for word in text.split():
             if word in _SLOT:
-                kinds[row, position : position + 3] = _SLOT[word]
-                position += 3
+                kinds[row, position : position + 2] = _SLOT[word]
+                position += 2
             else:
                 kinds[row, position], literals[row, position] = LIT, vocab.ID[word]
                 position += 1
@@ -56,8 +55,8 @@ def _template_tables() -> tuple[np.ndarray, np.ndarray]:
 SLOT_KINDS, SLOT_LITERALS = _template_tables()
 HAS_OBJECT = (SLOT_KINDS == OBJ).any(axis=1)
 HAS_RECEPTACLE = (SLOT_KINDS == REC).any(axis=1)
-OBJECT_POSITION = np.where(HAS_OBJECT, (SLOT_KINDS == OBJ_MOD).argmax(axis=1), 0).astype(np.int32)
-RECEPTACLE_POSITION = np.where(HAS_RECEPTACLE, (SLOT_KINDS == REC_MOD).argmax(axis=1), 0).astype(np.int32)
+OBJECT_POSITION = np.where(HAS_OBJECT, (SLOT_KINDS == OBJ).argmax(axis=1), 0).astype(np.int32)
+RECEPTACLE_POSITION = np.where(HAS_RECEPTACLE, (SLOT_KINDS == REC).argmax(axis=1), 0).astype(np.int32)
 
 
 @struct.dataclass
@@ -79,13 +78,9 @@ def truncate_at_eos(action: jax.Array) -> jax.Array:
     return jnp.where(after, vocab.PAD_ID, action).astype(jnp.int32)
 
 
-def _resolve(types: jax.Array, numbers: jax.Array, words: jax.Array, modifiers, nouns, pair_type) -> jax.Array:
-    """Slot index of the entity named by `words` i32[3] (modifier, noun, number) among types/numbers
-    i32[K], else -1. modifiers / nouns: the vocabulary's word-index tables; pair_type: their type ids."""
-    modifier, noun = jnp.asarray(modifiers)[words[0]], jnp.asarray(nouns)[words[1]]
-    known = (modifier >= 0) & (noun >= 0)
-    wanted_type = jnp.where(known, jnp.asarray(pair_type)[jnp.maximum(modifier, 0), jnp.maximum(noun, 0)], -1)
-    number_word = words[2]
+def _resolve(types: jax.Array, numbers: jax.Array, word: jax.Array, number_word: jax.Array, table) -> jax.Array:
+    """Slot index of the entity named by (type word, number word) among types/numbers i32[K], else -1."""
+    wanted_type = jnp.asarray(table)[word]
     wanted_number = jnp.asarray(vocab.WORD_NUMBER)[number_word]
     hit = (types == wanted_type) & (numbers == wanted_number) & (wanted_type >= 0) & (types >= 0)
     return jnp.where(jnp.any(hit), jnp.argmax(hit), -1).astype(jnp.int32)
@@ -98,10 +93,9 @@ def parse_action(action: jax.Array, task) -> ParsedAction:
     body = action[1:]
     kinds, literals = jnp.asarray(SLOT_KINDS), jnp.asarray(SLOT_LITERALS)
     fits = jnp.select(
-        [kinds == END, kinds == LIT, kinds == OBJ_MOD, kinds == OBJ, kinds == REC_MOD, kinds == REC],
+        [kinds == END, kinds == LIT, kinds == OBJ, kinds == REC],
         [body == vocab.PAD_ID, body == literals,
-         jnp.asarray(vocab.WORD_OBJECT_MODIFIER)[body] >= 0, jnp.asarray(vocab.WORD_OBJECT_NOUN)[body] >= 0,
-         jnp.asarray(vocab.WORD_RECEPTACLE_MODIFIER)[body] >= 0, jnp.asarray(vocab.WORD_RECEPTACLE_NOUN)[body] >= 0],
+         jnp.asarray(vocab.WORD_OBJECT_TYPE)[body] >= 0, jnp.asarray(vocab.WORD_RECEPTACLE_TYPE)[body] >= 0],
         jnp.asarray(vocab.WORD_NUMBER)[body] >= 0,
     )
     matches = jnp.all(fits, axis=1)
@@ -109,10 +103,8 @@ def parse_action(action: jax.Array, task) -> ParsedAction:
     known = template >= 0
     row = jnp.maximum(template, 0)
     obj_at, rec_at = jnp.asarray(OBJECT_POSITION)[row], jnp.asarray(RECEPTACLE_POSITION)[row]
-    obj = _resolve(task.obj_type, task.obj_num, jax.lax.dynamic_slice(body, (obj_at,), (3,)),
-                   vocab.WORD_OBJECT_MODIFIER, vocab.WORD_OBJECT_NOUN, vocab.OBJECT_PAIR_TYPE)
-    recep = _resolve(task.recep_type, task.recep_num, jax.lax.dynamic_slice(body, (rec_at,), (3,)),
-                     vocab.WORD_RECEPTACLE_MODIFIER, vocab.WORD_RECEPTACLE_NOUN, vocab.RECEPTACLE_PAIR_TYPE)
+    obj = _resolve(task.obj_type, task.obj_num, body[obj_at], body[obj_at + 1], vocab.WORD_OBJECT_TYPE)
+    recep = _resolve(task.recep_type, task.recep_num, body[rec_at], body[rec_at + 1], vocab.WORD_RECEPTACLE_TYPE)
     obj = jnp.where(known & jnp.asarray(HAS_OBJECT)[row], obj, -1)
     recep = jnp.where(known & jnp.asarray(HAS_RECEPTACLE)[row], recep, -1)
     return ParsedAction(tag=tag, template=template, obj=obj, recep=recep, well_formed=known & (tag >= 0))
@@ -123,11 +115,14 @@ def make_action(tag: jax.Array, template: jax.Array, obj: jax.Array, recep: jax.
     `recep` of `task` (unused arguments are ignored)."""
     kinds = jnp.asarray(SLOT_KINDS)[template]
     obj, recep = jnp.maximum(obj, 0), jnp.maximum(recep, 0)
-    obj_words = jnp.asarray(vocab.OBJECT_WORDS)[jnp.maximum(task.obj_type[obj], 0)]
-    rec_words = jnp.asarray(vocab.RECEPTACLE_WORDS)[jnp.maximum(task.recep_type[recep], 0)]
+    obj_word = jnp.asarray(vocab.OBJECT_WORD)[jnp.maximum(task.obj_type[obj], 0)]
+    rec_word = jnp.asarray(vocab.RECEPTACLE_WORD)[jnp.maximum(task.recep_type[recep], 0)]
     number_word = jnp.asarray(vocab.NUMBER_WORD)
-    by_kind = jnp.stack([jnp.int32(vocab.PAD_ID), jnp.int32(vocab.PAD_ID), obj_words[0], obj_words[1],
-                         number_word[task.obj_num[obj]], rec_words[0], rec_words[1],
-                         number_word[task.recep_num[recep]]])
-    body = jnp.where(kinds == LIT, jnp.asarray(SLOT_LITERALS)[template], by_kind[kinds])
+    body = jnp.select(
+        [kinds == LIT, kinds == OBJ, kinds == OBJ_NUM, kinds == REC, kinds == REC_NUM],
+        [jnp.asarray(SLOT_LITERALS)[template], jnp.broadcast_to(obj_word, kinds.shape),
+         jnp.broadcast_to(number_word[task.obj_num[obj]], kinds.shape),
+         jnp.broadcast_to(rec_word, kinds.shape), jnp.broadcast_to(number_word[task.recep_num[recep]], kinds.shape)],
+        vocab.PAD_ID,
+    )
     return jnp.concatenate([jnp.asarray(vocab.TAG_IDS)[tag][None], body]).astype(jnp.int32)

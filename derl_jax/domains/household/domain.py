@@ -5,7 +5,7 @@ Config block `domain` (configs/household.py):
   num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
   into tasks.KINDS); max_turns: turns per episode; history: the prompt window W;
   prompt_budget (default 0: room for the whole window): the most tokens of a turn's prompt,
-  0 or >= the task prompt's 81; a longer window loses its oldest tokens (rollout and corpus alike);
+  0 or >= the task prompt's 77; a longer window loses its oldest tokens (rollout and corpus alike);
   self_guide (default False): the policy writes a self-assessment word before each action
   (Self-Guide, see selfguide.py), mapped to the internal rewards self_rewards (default
   (0.1, 0.0, -0.1) for progress+ / progress= / progress-); adds the primitive g_sg.

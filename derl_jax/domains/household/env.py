@@ -29,7 +29,7 @@ A step scores 1 when its action is well-formed and its tag is one of the correct
 
 Self-assessment (Self-Guide; `self_guide=True`): every action starts with one more word, the
 policy's assessment of its progress so far (vocab.ASSESSMENTS: progress+ / progress= /
-progress-), then the tagged action as above (action_length 11). The assessment maps to the
+progress-), then the tagged action as above (action_length 9). The assessment maps to the
 internal reward `self_rewards` (+0.1 / 0 / -0.1 by default), reported as info["self_reward"];
 an action without an assessment word is malformed and its self-reward is 0.
 """
@@ -47,7 +47,7 @@ from derl_jax.domains.household import actions as A
 from derl_jax.domains.household import text, vocab
 from derl_jax.domains.household.tasks import (CLEAN, COOL, EXAMINE, HEAT, HELD, PICK_TWO, Task)
 
-OBS_LENGTH = 68   # the longest: looking around a room of MAX_RECEPTACLES receptacles (66 words)
+OBS_LENGTH = 64
 TASK_FIELDS = tuple(field.name for field in dataclasses.fields(Task))
 TAG_PRIORITY = (vocab.PLAN, vocab.REFLECT, vocab.EXPLORE, vocab.ACT_TAG)
 
@@ -142,15 +142,14 @@ def observe(state: HouseholdState, fmt: jax.Array, obj: jax.Array, recep: jax.Ar
     """i32[length]: observation format `fmt` (text.FORMAT) naming object slot `obj` and receptacle
     slot `recep` of `state`'s room (see text.py)."""
     task = state.task
-    obj_words = jnp.concatenate([_table(vocab.OBJECT_WORDS, task.obj_type),
-                                 jnp.asarray(vocab.NUMBER_WORD)[task.obj_num][:, None]], 1)      # [Ob, 3]
-    rec_words = jnp.concatenate([_table(vocab.RECEPTACLE_WORDS, task.recep_type),
-                                 jnp.asarray(vocab.NUMBER_WORD)[task.recep_num][:, None]], 1)    # [R, 3]
+    obj_words = jnp.stack([_table(vocab.OBJECT_WORD, task.obj_type), jnp.asarray(vocab.NUMBER_WORD)[task.obj_num]], 1)
+    rec_words = jnp.stack([_table(vocab.RECEPTACLE_WORD, task.recep_type),
+                           jnp.asarray(vocab.NUMBER_WORD)[task.recep_num]], 1)
     r = jnp.maximum(recep, 0)
-    entities = jnp.stack([jnp.zeros(3, jnp.int32), obj_words[jnp.maximum(obj, 0)], rec_words[r],
+    entities = jnp.stack([jnp.zeros(2, jnp.int32), obj_words[jnp.maximum(obj, 0)], rec_words[r],
                           obj_words[jnp.maximum(held_object(state), 0)], rec_words[jnp.maximum(state.agent_loc, 0)]])
-    objects = text.listing(obj_words[:, :2], task.obj_num, (state.obj_loc == r) & (task.obj_type >= 0))
-    room = text.listing(rec_words[:, :2], task.recep_num, task.recep_type >= 0)
+    objects = text.listing(obj_words[:, 0], task.obj_num, (state.obj_loc == r) & (task.obj_type >= 0))
+    room = text.listing(rec_words[:, 0], task.recep_num, task.recep_type >= 0)
     return text.render(fmt, entities, objects, room, length)
 
 

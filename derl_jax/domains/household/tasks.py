@@ -4,14 +4,13 @@ A task is one generated room (receptacles, objects and where they start) and a g
 ALFWorld's six kinds. A batch of tasks is the same `Task` with a leading axis M.
 
 Seen / unseen variants (the paper's Appendix B, after ALFWorld's seen and unseen test sets):
-a type is a variant, a modifier and a noun ("red mug", vocab.py). `type_split(seed)` halves the
-variants of every object noun and of every placement-receptacle noun into seen and unseen
-types, so every word occurs in seen types and only the unseen pairs are new ("blue mug" at test
-when training had red and green mugs). Appliances (sinkbasin, microwave, fridge) are in every
-room and never a goal. A "seen" task draws its goal object, goal receptacle, lamp and every
-other object and receptacle of its room from seen types; an "unseen" task draws goal object,
-goal receptacle and lamp from unseen types (the rest of its room from all types), so neither
-its goal object nor its goal receptacle ever occurs in a seen task.
+`type_split(seed)` halves every object stratum (food, dishes, tools, small items, lamps) and
+both placement-receptacle strata (closed, open) into seen and unseen types. Appliances
+(sinkbasin, microwave, fridge) are in every room and never a goal. A "seen" task draws its goal
+object, goal receptacle, lamp and every other object and receptacle of its room from seen
+types; an "unseen" task draws goal object, goal receptacle and lamp from unseen types (the rest
+of its room from all types), so neither its goal object nor its goal receptacle ever occurs in
+a seen task.
 
 Levels (`level_splits`): L0 trains on all six kinds (seen) and tests on new seen tasks; L1
 trains on all six (seen) and tests on unseen tasks; L2 trains on four kinds (seen) and tests on
@@ -53,11 +52,11 @@ class Task:
     goal_object:     i32[]  object type to handle.
     goal_receptacle: i32[]  receptacle type to put it in (-1 for examine).
     recep_type:      i32[R] receptacle type per slot, -1 on padding slots.
-    recep_num:       i32[R] instance number ("wooden cabinet 2" -> 2), 0 on padding.
+    recep_num:       i32[R] instance number ("cabinet 2" -> 2), 0 on padding.
     obj_type:        i32[Ob] object type per slot, -1 on padding.
     obj_num:         i32[Ob] instance number, 0 on padding.
     obj_loc:         i32[Ob] receptacle slot where the object starts (NOWHERE on padding).
-    description:     i32[D] the goal in words ("put a hot red apple in stone countertop ."), pad-filled.
+    description:     i32[D] the goal in words ("put a hot apple in countertop ."), pad-filled.
     """
 
     kind: jax.Array
@@ -89,11 +88,11 @@ class TypeSplit:
 
 
 def type_split(seed: int) -> TypeSplit:
-    """Halve the variants of every noun into seen / unseen types with a generator seeded by `seed`."""
+    """Halve every stratum into seen / unseen types with a generator seeded by `seed`."""
     rng = np.random.default_rng([seed, 0x5EE7])
     halves = {"seen_objects": [], "unseen_objects": [], "seen_receptacles": [], "unseen_receptacles": []}
-    for variants, kind in ((vocab.OBJECT_VARIANTS, "objects"), (vocab.RECEPTACLE_VARIANTS, "receptacles")):
-        for members in variants.values():
+    for strata, kind in ((vocab.OBJECT_STRATA, "objects"), (vocab.RECEPTACLE_STRATA, "receptacles")):
+        for members in strata.values():
             order = rng.permutation(np.array(members))
             cut = len(order) // 2
             halves[f"seen_{kind}"] += order[:cut].tolist()
@@ -107,7 +106,7 @@ def _goal_objects_for(kind: int, types: np.ndarray) -> np.ndarray:
 
 
 def describe(kind: int, goal_object: int, goal_receptacle: int, lamp_type: int) -> str:
-    """The goal in words, e.g. "put a clean red apple in wooden countertop ."."""
+    """The goal in words, e.g. "put a clean apple in countertop ."."""
     obj = vocab.OBJECT_NAMES[goal_object]
     if kind == EXAMINE:
         return f"look at {obj} under the {vocab.OBJECT_NAMES[lamp_type]} ."

@@ -5,9 +5,8 @@ Every observation follows one of `FORMATS`, each the same seven slots:
     phrase, entity, phrase, entity, phrase, listing, phrase
 
 A phrase is fixed words; an entity slot names the action's object, the action's receptacle,
-the held object or the agent's receptacle ("wooden cabinet 2"); a listing slot lists the objects
-in the action's receptacle ("a red apple 1 , a blue mug 2" or "nothing") or the receptacles of
-the room. The
+the held object or the agent's receptacle ("cabinet 2"); a listing slot lists the objects in the
+action's receptacle ("a apple 1 , a mug 2" or "nothing") or the receptacles of the room. The
 environment picks a format index per step and `render` fills it with one gather per slot and a
 single packing scatter, so the text costs little to compile under vmap.
 Shapes: K items of a listing, O observation tokens.
@@ -75,16 +74,15 @@ PHRASE_IDS, ENTITY_SLOTS, LISTING_SLOTS = _tables()
 
 
 def listing(name_words: jax.Array, numbers: jax.Array, show: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(tokens i32[5K+1], mask): "a red apple 1 , a blue mug 2" over the shown items of the names
-    i32[K, 2], numbers i32[K] and show bool[K], or "nothing"."""
+    """(tokens i32[4K+1], mask): "a apple 1 , a mug 2" over the shown items of i32[K] / i32[K] /
+    bool[K], or "nothing"."""
     count = name_words.shape[0]
     number_words = jnp.asarray(vocab.NUMBER_WORD)[numbers]
     comma = jnp.full((count,), vocab.ID[","], jnp.int32)
     article = jnp.full((count,), vocab.ID["a"], jnp.int32)
-    tokens = jnp.concatenate([comma[:, None], article[:, None], name_words.astype(jnp.int32), number_words[:, None]],
-                             axis=1).reshape(-1)
+    tokens = jnp.stack([comma, article, name_words.astype(jnp.int32), number_words], axis=1).reshape(-1)
     after_first = jnp.cumsum(show) > 1
-    mask = jnp.stack([show & after_first, show, show, show, show], axis=1).reshape(-1)
+    mask = jnp.stack([show & after_first, show, show, show], axis=1).reshape(-1)
     return (jnp.concatenate([tokens, jnp.array([vocab.ID["nothing"]], jnp.int32)]),
             jnp.concatenate([mask, ~jnp.any(show)[None]]))
 
@@ -103,12 +101,12 @@ def pack(tokens: jax.Array, mask: jax.Array, length: int, left: bool) -> jax.Arr
 def render(fmt: jax.Array, entities: jax.Array, object_listing, room_listing, length: int) -> jax.Array:
     """i32[length]: format `fmt` (i32[]) filled in.
 
-    entities: i32[5, 3] the (modifier, noun, number) words of each entity slot kind (row NO_ENTITY unused);
+    entities: i32[5, 2] the (name word, number word) of each entity slot kind (row NO_ENTITY unused);
     object_listing / room_listing: (tokens, mask) from `listing`.
     """
     phrases = jnp.asarray(PHRASE_IDS)[fmt]                                 # [4, W]
     slots = jnp.asarray(ENTITY_SLOTS)[fmt]                                 # [2]
-    chosen = entities[slots]                                               # [2, 3]
+    chosen = entities[slots]                                               # [2, 2]
     width = max(object_listing[0].shape[0], room_listing[0].shape[0])
 
     def widen(piece):
@@ -120,7 +118,7 @@ def render(fmt: jax.Array, entities: jax.Array, object_listing, room_listing, le
     kind = jnp.asarray(LISTING_SLOTS)[fmt]
     list_tokens = jnp.where(kind == ROOM, room_tokens, obj_tokens)
     list_mask = jnp.where(kind == ROOM, room_mask, obj_mask) & (kind != NO_LISTING)
-    entity_mask = jnp.broadcast_to((slots != NO_ENTITY)[:, None], chosen.shape)
+    entity_mask = jnp.broadcast_to((slots != NO_ENTITY)[:, None], (2, 2))
     tokens = jnp.concatenate([phrases[0], chosen[0], phrases[1], chosen[1], phrases[2], list_tokens, phrases[3]])
     mask = jnp.concatenate([phrases[0] != vocab.PAD_ID, entity_mask[0], phrases[1] != vocab.PAD_ID, entity_mask[1],
                             phrases[2] != vocab.PAD_ID, list_mask, phrases[3] != vocab.PAD_ID])

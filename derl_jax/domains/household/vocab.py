@@ -3,22 +3,15 @@
 Every observation, action, task description and prompt is a sequence of ids of one fixed word
 list (`WORDS`), so the environment, the policy and the prompt builder agree on ids without a
 host round trip. Ids 0..4 are the specials <pad>, <bos>, <eos>, <obs>, <act>; the four meta-tags
-(plan, explore, reflect, act) follow, then verbs and observation words, digits 1..9, modifiers,
-object nouns and receptacle nouns.
+(plan, explore, reflect, act) follow, then verbs and observation words, digits 1..9, object
+type names and receptacle type names.
 
-Catalogue (ALFWorld's household, reduced). An object or receptacle *type* is a variant: a
-modifier and a noun, two words ("red mug", "wooden cabinet"); an entity in a room is a type and
-an instance number ("red mug 2"). Variants make unseen types that a word-level policy can still
-name: every word of an unseen variant occurs in training, only the pair does not.
-  OBJECT_NOUNS      name and properties (pickable, cleanable, heatable, coolable, light source),
-                    grouped into strata; every noun comes in the OBJECT_MODIFIERS (colours).
-  RECEPTACLE_NOUNS  name, openable, and role: the three appliances every room has (sinkbasin
-                    cleans, microwave heats, fridge cools; one variant each, "metal") and
-                    placement receptacles that can be a task's target, in every
-                    RECEPTACLE_MODIFIERS (materials).
-  OBJECT_NAMES / RECEPTACLE_NAMES  the types' two-word names, indexed by type id; the
-                    appliances are receptacle types 0, 1, 2.
-The seen/unseen split (tasks.py) halves the variants of every noun.
+Catalogue (ALFWorld's household, reduced):
+  OBJECT_TYPES      name and properties (pickable, cleanable, heatable, coolable, light source),
+                    grouped into strata; the seen/unseen split (tasks.py) halves every stratum.
+  RECEPTACLE_TYPES  name, openable, and role: the three appliances every room has (sinkbasin
+                    cleans, microwave heats, fridge cools) and placement receptacles that can be
+                    a task's target.
 """
 
 from __future__ import annotations
@@ -43,7 +36,7 @@ DIGITS = tuple(str(d) for d in range(1, 10))
 MAX_INSTANCE = len(DIGITS)
 
 # name: (stratum, pickable, cleanable, heatable, coolable, light_source)
-OBJECT_NOUNS = {
+OBJECT_TYPES = {
     "apple": ("food", 1, 1, 1, 1, 0), "potato": ("food", 1, 1, 1, 1, 0), "tomato": ("food", 1, 1, 1, 1, 0),
     "egg": ("food", 1, 1, 1, 1, 0), "bread": ("food", 1, 1, 1, 1, 0), "lettuce": ("food", 1, 1, 1, 1, 0),
     "mug": ("dish", 1, 1, 1, 1, 0), "cup": ("dish", 1, 1, 1, 1, 0), "plate": ("dish", 1, 1, 1, 1, 0),
@@ -57,28 +50,19 @@ OBJECT_NOUNS = {
     "desklamp": ("lamp", 0, 0, 0, 0, 1), "floorlamp": ("lamp", 0, 0, 0, 0, 1),
 }
 # name: (stratum, openable); stratum "appliance" = present in every room, never a target.
-RECEPTACLE_NOUNS = {
+RECEPTACLE_TYPES = {
     "sinkbasin": ("appliance", 0), "microwave": ("appliance", 1), "fridge": ("appliance", 1),
     "cabinet": ("closed", 1), "drawer": ("closed", 1), "safe": ("closed", 1), "box": ("closed", 1),
     "countertop": ("open", 0), "shelf": ("open", 0), "diningtable": ("open", 0), "sidetable": ("open", 0),
     "desk": ("open", 0), "dresser": ("open", 0), "garbagecan": ("open", 0), "coffeetable": ("open", 0),
 }
-OBJECT_MODIFIERS = ("red", "blue", "green", "yellow")
-RECEPTACLE_MODIFIERS = ("wooden", "metal", "stone", "plastic")
-APPLIANCE_MODIFIER = "metal"
-# Type id -> (modifier, noun): the appliances first, then every modifier of every other noun.
-OBJECT_TYPES = tuple((m, n) for n in OBJECT_NOUNS for m in OBJECT_MODIFIERS)
-RECEPTACLE_TYPES = (tuple((APPLIANCE_MODIFIER, n) for n, (stratum, _) in RECEPTACLE_NOUNS.items()
-                          if stratum == "appliance")
-                    + tuple((m, n) for n, (stratum, _) in RECEPTACLE_NOUNS.items() if stratum != "appliance"
-                            for m in RECEPTACLE_MODIFIERS))
-OBJECT_NAMES = tuple(f"{m} {n}" for m, n in OBJECT_TYPES)
-RECEPTACLE_NAMES = tuple(f"{m} {n}" for m, n in RECEPTACLE_TYPES)
-SINK, MICROWAVE, FRIDGE = (RECEPTACLE_TYPES.index((APPLIANCE_MODIFIER, n)) for n in ("sinkbasin", "microwave", "fridge"))
+OBJECT_NAMES = tuple(OBJECT_TYPES)
+RECEPTACLE_NAMES = tuple(RECEPTACLE_TYPES)
+SINK, MICROWAVE, FRIDGE = (RECEPTACLE_NAMES.index(n) for n in ("sinkbasin", "microwave", "fridge"))
 APPLIANCES = (SINK, MICROWAVE, FRIDGE)
 
 WORDS = (*SPECIALS, *TAGS, *VERBS, *[w for w in TEXT_WORDS if w not in VERBS], *DIGITS,
-         *OBJECT_MODIFIERS, *RECEPTACLE_MODIFIERS, *OBJECT_NOUNS, *RECEPTACLE_NOUNS)
+         *OBJECT_NAMES, *RECEPTACLE_NAMES)
 # Self-assessments (Self-Guide; used only when the domain's self_guide option is on): positive,
 # neutral, negative progress. Their ids follow the base vocabulary, so every other id is the same.
 ASSESSMENTS = ("progress+", "progress=", "progress-")
@@ -92,44 +76,28 @@ PAD_ID, BOS_ID, EOS_ID, OBS_ID, ACT_ID = (ID[w] for w in SPECIALS)
 TAG_IDS = np.array([ID[t] for t in TAGS], np.int32)
 PLAN, EXPLORE, REFLECT, ACT_TAG = range(4)
 
-
-def _word_index(words) -> np.ndarray:
-    """i32[V]: the position of each vocabulary word in `words`, -1 for the other words."""
-    table = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
-    table[[ID[w] for w in words]] = np.arange(len(words))
-    return table
-
-
-def _pair_types(types, modifiers, nouns) -> np.ndarray:
-    """i32[len(modifiers), len(nouns)]: the type id of each (modifier, noun), -1 for no such type."""
-    table = np.full((len(modifiers), len(nouns)), -1, np.int32)
-    for type_id, (m, n) in enumerate(types):
-        table[modifiers.index(m), list(nouns).index(n)] = type_id
-    return table
-
-
 # Constant lookup tables over the vocabulary (-1 where the word is not of that kind) and over types.
-WORD_OBJECT_MODIFIER = _word_index(OBJECT_MODIFIERS)
-WORD_OBJECT_NOUN = _word_index(tuple(OBJECT_NOUNS))
-WORD_RECEPTACLE_MODIFIER = _word_index(RECEPTACLE_MODIFIERS)
-WORD_RECEPTACLE_NOUN = _word_index(tuple(RECEPTACLE_NOUNS))
-OBJECT_PAIR_TYPE = _pair_types(OBJECT_TYPES, OBJECT_MODIFIERS, OBJECT_NOUNS)
-RECEPTACLE_PAIR_TYPE = _pair_types(RECEPTACLE_TYPES, RECEPTACLE_MODIFIERS, RECEPTACLE_NOUNS)
+WORD_OBJECT_TYPE = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
+WORD_OBJECT_TYPE[[ID[n] for n in OBJECT_NAMES]] = np.arange(len(OBJECT_NAMES))
+WORD_RECEPTACLE_TYPE = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
+WORD_RECEPTACLE_TYPE[[ID[n] for n in RECEPTACLE_NAMES]] = np.arange(len(RECEPTACLE_NAMES))
 WORD_NUMBER = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
 WORD_NUMBER[[ID[d] for d in DIGITS]] = np.arange(1, MAX_INSTANCE + 1)
-WORD_TAG = _word_index(TAGS)
-WORD_ASSESSMENT = _word_index(ASSESSMENTS)
-OBJECT_WORDS = np.array([[ID[m], ID[n]] for m, n in OBJECT_TYPES], np.int32)          # i32[To, 2]
-RECEPTACLE_WORDS = np.array([[ID[m], ID[n]] for m, n in RECEPTACLE_TYPES], np.int32)  # i32[Tr, 2]
+WORD_TAG = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
+WORD_TAG[TAG_IDS] = np.arange(len(TAGS))
+WORD_ASSESSMENT = np.full(SELF_GUIDE_VOCAB_SIZE, -1, np.int32)
+WORD_ASSESSMENT[ASSESSMENT_IDS] = np.arange(len(ASSESSMENTS))
+OBJECT_WORD = np.array([ID[n] for n in OBJECT_NAMES], np.int32)
+RECEPTACLE_WORD = np.array([ID[n] for n in RECEPTACLE_NAMES], np.int32)
 NUMBER_WORD = np.array([PAD_ID, *[ID[d] for d in DIGITS]], np.int32)  # index = instance number
 
-_props = np.array([OBJECT_NOUNS[n][1:] for _, n in OBJECT_TYPES], bool)
+_props = np.array([OBJECT_TYPES[n][1:] for n in OBJECT_NAMES], bool)
 PICKABLE, CLEANABLE, HEATABLE, COOLABLE, LIGHT_SOURCE = (_props[:, k] for k in range(5))
-OPENABLE = np.array([RECEPTACLE_NOUNS[n][1] for _, n in RECEPTACLE_TYPES], bool)
-# Noun -> its variants' type ids (the placement receptacles only: appliances are never split).
-OBJECT_VARIANTS = {noun: tuple(i for i, (_, n) in enumerate(OBJECT_TYPES) if n == noun) for noun in OBJECT_NOUNS}
-RECEPTACLE_VARIANTS = {noun: tuple(i for i, (_, n) in enumerate(RECEPTACLE_TYPES) if n == noun)
-                       for noun, (stratum, _) in RECEPTACLE_NOUNS.items() if stratum != "appliance"}
+OPENABLE = np.array([RECEPTACLE_TYPES[n][1] for n in RECEPTACLE_NAMES], bool)
+OBJECT_STRATA = {s: tuple(i for i, n in enumerate(OBJECT_NAMES) if OBJECT_TYPES[n][0] == s)
+                 for s in ("food", "dish", "tool", "item", "lamp")}
+RECEPTACLE_STRATA = {s: tuple(i for i, n in enumerate(RECEPTACLE_NAMES) if RECEPTACLE_TYPES[n][0] == s)
+                     for s in ("closed", "open")}
 
 _TOKEN_PATTERN = re.compile(r"<[a-z]+>|in/on|there's|progress[-+=]|[a-z0-9]+|[.,:]")
 
