@@ -27,6 +27,10 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
   compare.*            methods, seeds, whether every iteration's best expression is also
                        trained in final mode and tested (costs one final training per iteration),
                        whether each candidate's trained policy is also tested (candidate_test),
+                       whether each final policy is kept in its run directory
+                       (keep_final_policies, final_policy.npz; a run that finds it tests it
+                       instead of training again; a multi-level compare sets it on every level
+                       but the last),
                        and levels: generalisation levels of the domain to run the whole compare
                        on, one after another in <workdir>/<level> (() = `domain.level` only),
                        and workers: processes that share out the method x seed runs (0: one
@@ -107,7 +111,8 @@ META = {
 OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_inner_steps": 0}
 EVOLUTION = {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
 FINAL = {"steps": 24}
-COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True, "levels": (),
+COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True,
+           "keep_final_policies": False, "levels": (),
            "workers": 0}
 MESH = {"cand": 1, "data": 1, "model": 1}
 

@@ -269,26 +269,31 @@ def compare_levels(cfg: Any) -> tuple[str, ...]:
 
 def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: bool) -> dict:
     """The whole compare at each level in `<workdir>/<level>` (its own domain, base policy and
-    report), then `results_levels.md` in the workdir: methods x levels (the paper's Table 1(a))."""
+    report), then `results_levels.md` in the workdir: methods x levels (the paper's Table 1(a)).
+
+    Every level but the last keeps its final policies (`compare.keep_final_policies`), so a later
+    level with the same training split tests them instead of training them again."""
     from derl_jax.meta import levels as shared
     from derl_jax.meta import report
     from derl_jax.meta.protocol import method_dir
-    from derl_jax.meta.strategies import get_strategy
 
     payloads, digests = {}, {}
     for done, level in enumerate(levels):
         level_cfg = at_level(cfg, level)
+        if done < len(levels) - 1:
+            with level_cfg.unlocked():
+                level_cfg.compare.keep_final_policies = True
         level_dir = os.path.join(checked.workdir, level)
         shared.share_base_policies([os.path.join(checked.workdir, earlier) for earlier in levels[:done]], level_dir)
         domain = build_domain(level_cfg)
         digests[level] = shared.training_digest(domain.train)
         same_split = [earlier for earlier in levels[:done] if digests[earlier] == digests[level]]
-        if same_split:   # the same training split: the same searches; only the tests differ
-            searches = [os.path.relpath(method_dir(level_dir, m, s), level_dir) for m in level_cfg.compare.methods
-                        if get_strategy(m).searches for s in level_cfg.compare.seeds]
-            copied = shared.share_searches(os.path.join(checked.workdir, same_split[0]), level_dir, searches)
+        if same_split:   # the same training split: the same searches and trainings; only the tests differ
+            runs = [os.path.relpath(method_dir(level_dir, m, s), level_dir) for m in level_cfg.compare.methods
+                    for s in level_cfg.compare.seeds]
+            copied = shared.share_trainings(os.path.join(checked.workdir, same_split[0]), level_dir, runs)
             if copied:
-                print(f"--- level {level}: {len(copied)} searches shared with level {same_split[0]} (same training split)")
+                print(f"--- level {level}: {len(copied)} trainings shared with level {same_split[0]} (same training split)")
         base_params, evaluator = build_inner(domain, level_cfg, level_dir)
         print(f"--- level {level}: {level_dir}")
         payloads[level] = _run_mode(level_cfg, dataclasses.replace(checked, workdir=level_dir), domain, base_params,

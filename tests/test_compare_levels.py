@@ -41,7 +41,8 @@ def invoke(module, *args: str) -> None:
 
 
 def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):
-    """L0, L1, L2 in turn. L1 trains on L0's tasks: it reuses L0's searches and tests on its own split."""
+    """L0, L1, L2 in turn. L1 trains on L0's tasks: it reuses L0's searches and final policies and
+    only tests, on its own split, with the results of an L1 compare run on its own."""
     from derl_jax.meta.search import strip_wall_clock
 
     invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L1', 'L2')",
@@ -49,11 +50,22 @@ def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_p
     assert [level for level, *_ in launcher.built] == ["L0", "L1", "L2"]
     assert launcher.built[2][1] == ["cool", "pick_two"] and len(launcher.built[0][1]) == 6
     first, shared, last = (evaluator for *_, evaluator in launcher.built)
-    # L1 trained no search candidate (the searches were shared): only outcome's validation training per seed.
-    assert len(first.calls) > 2 and [call["k"] for call in shared.calls] == [1, 1] and len(last.calls) == len(first.calls)
-    assert len(shared.final_calls) == len(first.final_calls)  # every final policy is trained again
+    # L1 trained nothing (searches, final policies and outcome's validation score were shared).
+    assert len(first.calls) > 2 and shared.calls == [] and len(last.calls) == len(first.calls)
+    assert shared.final_calls == [] and len(last.final_calls) == len(first.final_calls) == 4
     out = capsys.readouterr().out
-    assert "level L1: 2 searches shared with level L0" in out and out.count("searches shared") == 1
+    assert "level L1: 4 trainings shared with level L0" in out and out.count("trainings shared") == 1
+    kept = lambda level: sorted(p.parent.name for p in (tmp_path / level).glob("*/seed_*/final_policy.npz"))  # noqa: E731
+    assert kept("L0") == kept("L1") == ["seed_0", "seed_0", "seed_1", "seed_1"] and kept("L2") == []
+    # The same numbers as L1 on its own, which trains everything itself.
+    invoke(launcher, f"--workdir={tmp_path / 'alone' / 'L1'}", "--config.domain.level=L1", "--config.compare.seeds=(0, 1)",
+           "--config.compare.methods=('outcome', 'derl')")
+    assert launcher.built[-1][2].final_calls and not (tmp_path / "alone" / "L1" / "derl" / "seed_0" / "final_policy.npz").exists()
+    for method in ("outcome", "derl"):
+        for seed in (0, 1):
+            row = lambda root: {k: v for k, v in json.load(open(root / method / f"seed_{seed}" / "method_result.json")).items()  # noqa: E731
+                                if k != "wall_clock"}
+            assert row(tmp_path / "L1") == row(tmp_path / "alone" / "L1"), (method, seed)
     table = json.load(open(tmp_path / "results_levels.json"))
     assert table["levels"] == ["L0", "L1", "L2"]
     markdown = open(tmp_path / "results_levels.md").read()

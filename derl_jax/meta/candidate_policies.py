@@ -8,7 +8,8 @@
 for a candidate without a policy (invalid, or its training gave no finite score). A file per
 iteration, `candidate_policies/iteration_<i>.npz`, written atomically: leaf k of the flattened
 pytree as raw bytes (`leaf_<k>`, so any dtype, bfloat16 included, round-trips exactly) with
-its shape; the structure and dtypes come back from a template policy.
+its shape; the structure and dtypes come back from a template policy. `save_stack` /
+`load_stack` are the same format at any path (the compare keeps final policies with them).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def policy_path(workdir: str, iteration: int) -> str:
 
 def save_iteration(workdir: str, iteration: int, params: Any, rows: Sequence[int]) -> None:
     """Write iteration `iteration`'s stacked policies (leading axis K) and candidate rows i32[n]."""
+    save_stack(policy_path(workdir, iteration), params, rows)
+
+
+def save_stack(path: str, params: Any, rows: Sequence[int]) -> None:
+    """Write stacked policies (leading axis K, or None) and rows i32[n] to `path` atomically."""
     leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(params)] if params is not None else []
     arrays = {"rows": np.asarray(rows, np.int32), "num_leaves": np.asarray(len(leaves), np.int64)}
     for k, leaf in enumerate(leaves):
@@ -41,13 +47,17 @@ def save_iteration(workdir: str, iteration: int, params: Any, rows: Sequence[int
         arrays[f"dtype_{k}"] = np.asarray(str(leaf.dtype))
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    atomic_write(policy_path(workdir, iteration), lambda handle: handle.write(buffer.getvalue()))
+    atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
 
 
 def load_iteration(workdir: str, iteration: int, template: Any) -> tuple[Any, np.ndarray]:
     """(stacked policies with `template`'s structure and dtypes — None when none were saved —,
     rows i32[n]). ValueError naming the file when it does not fit the template."""
-    path = policy_path(workdir, iteration)
+    return load_stack(policy_path(workdir, iteration), template)
+
+
+def load_stack(path: str, template: Any) -> tuple[Any, np.ndarray]:
+    """`load_iteration` of the file at `path`."""
     with np.load(path) as data:
         rows = np.asarray(data["rows"], np.int32)
         count = int(data["num_leaves"])

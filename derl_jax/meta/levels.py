@@ -7,9 +7,12 @@ search. Two things carry over from an earlier level with the same training split
 
 * `share_base_policies`: the cached warm-start policies (the cache is keyed by content, so a
   level with another corpus simply does not match them);
-* `share_searches`: each finished search directory of a search method, without the files that
-  hold test results (`method_result.json`, `candidate_tests.json`). The level then loads the
-  finished search, trains the chosen reward's final policy and tests it on its own test split.
+* `share_trainings`: each method directory that holds a finished search or a kept training
+  (`compare.keep_final_policies`: the final policy, a fixed method's validation score; see
+  derl_jax/meta/protocol.py), without the files that hold test results (`method_result.json`,
+  `candidate_tests.json`). The level then loads the finished search and the kept final policy
+  (or trains the chosen reward's final policy when none was kept) and tests them on its own
+  test split.
 
 `training_digest(domain)` tells when two levels share the split.
 """
@@ -61,17 +64,20 @@ def share_base_policies(earlier_dirs: Sequence[str], level_dir: str) -> None:
             _copy_missing(source, os.path.join(level_dir, BASE_POLICY_DIR))
 
 
-def share_searches(source_dir: str, level_dir: str, method_dirs: Sequence[str]) -> list[str]:
-    """Copy the finished searches `method_dirs` (paths relative to a level directory, e.g.
-    "derl/seed_0") from `source_dir` into `level_dir`, without their test results; a search that
-    is not finished in `source_dir` or already present in `level_dir` is left alone. Returns
-    the ones copied."""
+def share_trainings(source_dir: str, level_dir: str, method_dirs: Sequence[str]) -> list[str]:
+    """Copy the method directories `method_dirs` (paths relative to a level directory, e.g.
+    "derl/seed_0") that hold a finished search or a kept training in `source_dir` into
+    `level_dir`, without their test results; one with neither, or already present in
+    `level_dir`, is left alone. Returns the ones copied."""
+    from derl_jax.meta.protocol import FINAL_POLICY_INFO, FIXED_VALIDATION_FILE
     from derl_jax.meta.search import SEARCH_RESULT_FILE
 
     copied = []
     for method_dir in method_dirs:
         source, target = os.path.join(source_dir, method_dir), os.path.join(level_dir, method_dir)
-        if os.path.exists(os.path.join(source, SEARCH_RESULT_FILE)) and not os.path.exists(target):
+        trained = any(os.path.exists(os.path.join(source, name))
+                      for name in (SEARCH_RESULT_FILE, FINAL_POLICY_INFO, FIXED_VALIDATION_FILE))
+        if trained and not os.path.exists(target):
             _copy_missing(source, target, skip=PER_LEVEL_FILES)
             copied.append(method_dir)
     return copied

@@ -44,6 +44,13 @@ the same for every method, so methods are compared under common random numbers.
 Resuming: every (method, seed) writes `method_result.json` atomically when done and is
 skipped when it exists; an unfinished search resumes from its own checkpoints, and candidate
 test results are saved per iteration (`candidate_tests.json`).
+
+Kept trainings (`compare.keep_final_policies`, single-process runs): the final policy is
+written to `final_policy.npz` (with its expression and training curves in
+`final_policy.json`) and a fixed method's validation score to `fixed_validation.json`. A run
+that finds them for its expression tests the kept policy instead of training it again, which
+is how a generalisation level with an earlier level's training split (derl_jax/meta/levels.py)
+only runs its own tests.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from derl_jax.checkpoint import atomic_write_json
+from derl_jax.checkpoint import atomic_write_json, atomic_write_text
 from derl_jax.config import ConfigError, config_value, has_field
 from derl_jax.config import validate as validate_shared_and_domain
 from derl_jax.domains.base import TokenDataset, TokenDomain
@@ -81,6 +88,9 @@ __all__ = ["ConfigError", "MethodResult", "RESULTS_JSON", "RESULTS_MD", "compare
 
 TRAIN_FRACTION = 0.8
 METHOD_RESULT_FILE = "method_result.json"
+FINAL_POLICY_FILE = "final_policy.npz"
+FINAL_POLICY_INFO = "final_policy.json"
+FIXED_VALIDATION_FILE = "fixed_validation.json"
 FINAL_RESULT_FILE = "final_result.json"
 CANDIDATE_TESTS_FILE = "candidate_tests.json"
 BASE_TEST_FILE = "base_policy_test.json"
@@ -173,6 +183,52 @@ def train_final(
     tests = test_accuracies(domain, evaluator, params)
     host_curves = {str(k): np.asarray(v, np.float64).reshape(-1).tolist() for k, v in dict(curves).items()}
     return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, host_curves, tests)
+
+
+def _kept(keep_dir: str | None, name: str, expression: str) -> dict | None:
+    """The JSON file `name` in `keep_dir` when it was written for `expression`, else None."""
+    path = os.path.join(keep_dir, name) if keep_dir is not None else None
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    return saved if saved.get("expression") == expression else None
+
+
+def kept_final(expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array,
+               base_params: Any, keep_dir: str | None) -> FinalResult:
+    """`train_final`, keeping the trained policy in `keep_dir` (module docstring); a policy kept
+    there for the same expression is tested instead of trained again. keep_dir None: train only."""
+    saved = _kept(keep_dir, FINAL_POLICY_INFO, expression)
+    if saved is not None and os.path.exists(os.path.join(keep_dir, FINAL_POLICY_FILE)):
+        stacked, _ = candidate_policies.load_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), base_params)
+        params = jax.tree_util.tree_map(lambda x, like: jax.device_put(x[0], getattr(like, "sharding", None)),
+                                        stacked, base_params)
+        tree, _ = compile_checked(expression, domain.primitive_names, domain.outcome_index)
+        tests = test_accuracies(domain, evaluator, params)
+        return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, saved["curves"], tests)
+    final = train_final(expression, domain, evaluator, key, base_params)
+    if keep_dir is not None:
+        stacked = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], final.params)
+        candidate_policies.save_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), stacked, [0])
+        # Curves may hold NaN (Python's json reads it back), so not atomic_write_json.
+        atomic_write_text(os.path.join(keep_dir, FINAL_POLICY_INFO),
+                          json.dumps({"expression": expression, "curves": final.curves}) + "\n")
+    return final
+
+
+def kept_fixed_validation(expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array,
+                          base_params: Any, inner_train: TokenDataset, validation: TokenDataset,
+                          keep_dir: str | None) -> float:
+    """`fixed_validation_score`, kept in `keep_dir` like `kept_final` keeps the final policy."""
+    saved = _kept(keep_dir, FIXED_VALIDATION_FILE, expression)
+    if saved is not None:
+        return float(saved["validation"])
+    score = fixed_validation_score(expression, domain, evaluator, key, base_params, inner_train, validation)
+    if keep_dir is not None:
+        atomic_write_text(os.path.join(keep_dir, FIXED_VALIDATION_FILE),
+                          json.dumps({"expression": expression, "validation": score}) + "\n")
+    return score
 
 
 def fixed_validation_score(
@@ -274,6 +330,7 @@ def run_method(
     names = domain.primitive_names
     keys = run_keys(seed)
     cls = get_strategy(method)
+    keep_dir = workdir if _flag(cfg, "compare.keep_final_policies") and jax.process_count() == 1 else None
 
     per_iteration, budget, evolved_tests, note = None, {}, None, ""
     if cls.searches:
@@ -294,8 +351,8 @@ def run_method(
         strategy = make_strategy(method, cfg, None, names, outcome_index=domain.outcome_index)
         inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
         expression = strategy.text
-        validation_score = fixed_validation_score(
-            expression, domain, evaluator, keys["fixed_validation"], base_params, inner_train, validation
+        validation_score = kept_fixed_validation(
+            expression, domain, evaluator, keys["fixed_validation"], base_params, inner_train, validation, keep_dir
         )
 
     if expression is None:
@@ -303,7 +360,7 @@ def run_method(
         retrained_tests = test_accuracies(domain, evaluator, base_params)
         result_canonical, retrained, curves = None, headline_accuracy(retrained_tests), {}
     else:
-        final = train_final(expression, domain, evaluator, keys["final"], base_params)
+        final = kept_final(expression, domain, evaluator, keys["final"], base_params, keep_dir)
         result_canonical, retrained, curves = final.canonical, final.test, final.curves
         retrained_tests = final.test_sets
     evolved_test = headline_accuracy(evolved_tests) if evolved_tests is not None else None

@@ -51,6 +51,8 @@ def validate_config(cfg: Any) -> None:
     boolean(cfg, "compare.per_iteration_test")
     if has_field(cfg, "compare.candidate_test"):
         boolean(cfg, "compare.candidate_test")
+    if has_field(cfg, "compare.keep_final_policies"):
+        boolean(cfg, "compare.keep_final_policies")
     compare_levels(cfg)
     if has_field(cfg, "compare.workers"):
         int_at_least(cfg, "compare.workers", 0)
