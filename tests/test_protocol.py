@@ -79,19 +79,19 @@ def test_run_method_searches_then_trains_fresh_on_the_full_train_split(tmp_path,
 def test_a_kept_final_policy_is_tested_not_retrained_and_only_for_its_expression(tmp_path, domain):
     evaluator = FakeEvaluator()
     key = protocol.run_keys(0)["final"]
-    trained = protocol.kept_final("g1+g2", domain, evaluator, key, BASE_PARAMS, str(tmp_path))
+    trained = protocol.train_final("g1+g2", domain, evaluator, key, BASE_PARAMS, str(tmp_path))
     assert len(evaluator.final_calls) == 1 and (tmp_path / protocol.FINAL_POLICY_FILE).exists()
-    again = protocol.kept_final("g1+g2", domain, evaluator, key, BASE_PARAMS, str(tmp_path))
+    again = protocol.train_final("g1+g2", domain, evaluator, key, BASE_PARAMS, str(tmp_path))
     assert len(evaluator.final_calls) == 1                                      # loaded, not trained
     assert float(again.params["skill"]) == float(trained.params["skill"]) and again.test == trained.test
     assert again.curves == trained.curves and again.canonical == trained.canonical
-    other = protocol.kept_final("g1", domain, evaluator, key, BASE_PARAMS, str(tmp_path))
+    other = protocol.train_final("g1", domain, evaluator, key, BASE_PARAMS, str(tmp_path))
     assert len(evaluator.final_calls) == 2 and float(other.params["skill"]) != float(trained.params["skill"])
-    protocol.kept_final("g1+g2", domain, evaluator, key, BASE_PARAMS, None)    # nothing kept: trains
+    protocol.train_final("g1+g2", domain, evaluator, key, BASE_PARAMS, None)    # nothing kept: trains
     assert len(evaluator.final_calls) == 3
     inner, validation = split_train(domain.train, 0)
-    score = protocol.kept_fixed_validation("g1", domain, evaluator, key, BASE_PARAMS, inner, validation, str(tmp_path))
-    assert len(evaluator.calls) == 1 and protocol.kept_fixed_validation(
+    score = protocol.fixed_validation_score("g1", domain, evaluator, key, BASE_PARAMS, inner, validation, str(tmp_path))
+    assert len(evaluator.calls) == 1 and protocol.fixed_validation_score(
         "g1", domain, evaluator, key, BASE_PARAMS, inner, validation, str(tmp_path)) == score
     assert len(evaluator.calls) == 1
 

@@ -174,14 +174,29 @@ def compile_checked(expression: str, primitive_names: Sequence[str], outcome_ind
 
 
 def train_final(
-    expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array, base_params: Any
+    expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array, base_params: Any,
+    keep_dir: str | None = None,
 ) -> FinalResult:
     """Final mode: train a fresh policy from `base_params` with `expression` on the full training
-    split, report its accuracy on the test split."""
+    split, report its accuracy on the test split. keep_dir: keep the trained policy there (module
+    docstring); a policy kept there for the same expression is tested instead of trained again."""
     tree, program = compile_checked(expression, domain.primitive_names, domain.outcome_index)
-    params, curves = evaluator.train_final(program, base_params, key, domain.train)
+    saved = _kept(keep_dir, FINAL_POLICY_INFO, expression)
+    if saved is not None and os.path.exists(os.path.join(keep_dir, FINAL_POLICY_FILE)):
+        stacked, _ = candidate_policies.load_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), base_params)
+        params = jax.tree_util.tree_map(lambda x, like: jax.device_put(x[0], getattr(like, "sharding", None)),
+                                        stacked, base_params)
+        host_curves = saved["curves"]
+    else:
+        params, curves = evaluator.train_final(program, base_params, key, domain.train)
+        host_curves = {str(k): np.asarray(v, np.float64).reshape(-1).tolist() for k, v in dict(curves).items()}
+        if keep_dir is not None:
+            stacked = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], params)
+            candidate_policies.save_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), stacked, [0])
+            # Curves may hold NaN (Python's json reads it back), so not atomic_write_json.
+            atomic_write_text(os.path.join(keep_dir, FINAL_POLICY_INFO),
+                              json.dumps({"expression": expression, "curves": host_curves}) + "\n")
     tests = test_accuracies(domain, evaluator, params)
-    host_curves = {str(k): np.asarray(v, np.float64).reshape(-1).tolist() for k, v in dict(curves).items()}
     return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, host_curves, tests)
 
 
@@ -195,50 +210,22 @@ def _kept(keep_dir: str | None, name: str, expression: str) -> dict | None:
     return saved if saved.get("expression") == expression else None
 
 
-def kept_final(expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array,
-               base_params: Any, keep_dir: str | None) -> FinalResult:
-    """`train_final`, keeping the trained policy in `keep_dir` (module docstring); a policy kept
-    there for the same expression is tested instead of trained again. keep_dir None: train only."""
-    saved = _kept(keep_dir, FINAL_POLICY_INFO, expression)
-    if saved is not None and os.path.exists(os.path.join(keep_dir, FINAL_POLICY_FILE)):
-        stacked, _ = candidate_policies.load_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), base_params)
-        params = jax.tree_util.tree_map(lambda x, like: jax.device_put(x[0], getattr(like, "sharding", None)),
-                                        stacked, base_params)
-        tree, _ = compile_checked(expression, domain.primitive_names, domain.outcome_index)
-        tests = test_accuracies(domain, evaluator, params)
-        return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, saved["curves"], tests)
-    final = train_final(expression, domain, evaluator, key, base_params)
-    if keep_dir is not None:
-        stacked = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], final.params)
-        candidate_policies.save_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), stacked, [0])
-        # Curves may hold NaN (Python's json reads it back), so not atomic_write_json.
-        atomic_write_text(os.path.join(keep_dir, FINAL_POLICY_INFO),
-                          json.dumps({"expression": expression, "curves": final.curves}) + "\n")
-    return final
-
-
-def kept_fixed_validation(expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array,
-                          base_params: Any, inner_train: TokenDataset, validation: TokenDataset,
-                          keep_dir: str | None) -> float:
-    """`fixed_validation_score`, kept in `keep_dir` like `kept_final` keeps the final policy."""
+def fixed_validation_score(
+    expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array, base_params: Any,
+    inner_train: TokenDataset, validation: TokenDataset, keep_dir: str | None = None,
+) -> float:
+    """Validation score of a fixed expression: one inner training on inner-train, scored on
+    validation; kept in `keep_dir` (when given) like `train_final` keeps the final policy."""
     saved = _kept(keep_dir, FIXED_VALIDATION_FILE, expression)
     if saved is not None:
         return float(saved["validation"])
-    score = fixed_validation_score(expression, domain, evaluator, key, base_params, inner_train, validation)
+    _, program = compile_checked(expression, domain.primitive_names, domain.outcome_index)
+    results = evaluator.evaluate_candidates(stack_programs([program]), base_params, key, inner_train, validation)
+    score = float(np.asarray(results.scores).reshape(-1)[0])
     if keep_dir is not None:
         atomic_write_text(os.path.join(keep_dir, FIXED_VALIDATION_FILE),
                           json.dumps({"expression": expression, "validation": score}) + "\n")
     return score
-
-
-def fixed_validation_score(
-    expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array, base_params: Any,
-    inner_train: TokenDataset, validation: TokenDataset,
-) -> float:
-    """Validation score of a fixed expression: one inner training on inner-train, scored on validation."""
-    _, program = compile_checked(expression, domain.primitive_names, domain.outcome_index)
-    results = evaluator.evaluate_candidates(stack_programs([program]), base_params, key, inner_train, validation)
-    return float(np.asarray(results.scores).reshape(-1)[0])
 
 
 
@@ -351,7 +338,7 @@ def run_method(
         strategy = make_strategy(method, cfg, None, names, outcome_index=domain.outcome_index)
         inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
         expression = strategy.text
-        validation_score = kept_fixed_validation(
+        validation_score = fixed_validation_score(
             expression, domain, evaluator, keys["fixed_validation"], base_params, inner_train, validation, keep_dir
         )
 
@@ -360,7 +347,7 @@ def run_method(
         retrained_tests = test_accuracies(domain, evaluator, base_params)
         result_canonical, retrained, curves = None, headline_accuracy(retrained_tests), {}
     else:
-        final = kept_final(expression, domain, evaluator, keys["final"], base_params, keep_dir)
+        final = train_final(expression, domain, evaluator, keys["final"], base_params, keep_dir)
         result_canonical, retrained, curves = final.canonical, final.test, final.curves
         retrained_tests = final.test_sets
     evolved_test = headline_accuracy(evolved_tests) if evolved_tests is not None else None
