@@ -39,7 +39,7 @@ import os
 import re
 import sys
 import traceback
-from typing import Any, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -54,6 +54,9 @@ from primitives import registry as primitive_registry
 # so that a mistyped flag is reported without waiting for them.
 
 MODES = ("search", "final", "compare", "plan")
+COMPILE_CACHE_DIR = "compile_cache"
+COMPILE_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 EXIT_USER_ERROR = 2
 SCRIPT = "launch/run.py"
 HELP_FLAGS = ("-?", "-h", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml")
@@ -66,6 +69,10 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars (only on a t
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of a user error too.")
 _ACCELERATOR = flags.DEFINE_list("accelerator", ["h100", "h200"], "--mode=plan: accelerators to plan for (h100, h200, "
                                  "a100, v5e, v5p, or name:peak_flops:bandwidth:memory).")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache", None, "Directory of XLA's persistent compilation cache, shared by the run's processes and by "
+    "later runs of the same shapes (default: $JAX_COMPILATION_CACHE_DIR when set, else <workdir>/compile_cache in a "
+    "single-process job; --compile_cache= turns it off).")
 _PLAN_COMPILE = flags.DEFINE_bool("plan_compile", False, "--mode=plan: also compile the step's pieces on fake CPU "
                                   "devices for the compiler's memory figures (minutes for billion-parameter policies).")
 
@@ -178,6 +185,34 @@ def plan(cfg: Any, workdir: str, mode: str, expression: str | None = None) -> Pl
     if _primary_process():  # in a multi-process job process 0 alone writes the run directory
         run_dir.check_writable(workdir)
     return Plan(mode, workdir, expression, names)
+
+
+def compile_cache_dir(flag: str | None, workdir: str, environ: Mapping[str, str], process_count: int) -> str | None:
+    """The run's persistent compilation cache directory, None for none: `flag` (--compile_cache)
+    when given ('' for none), else the environment's JAX_COMPILATION_CACHE_DIR, else
+    `<workdir>/compile_cache` when this is a single-process job (in a multi-process job only
+    process 0 writes the run directory, so each host names its own cache)."""
+    if flag is not None:
+        return flag.strip() or None
+    if environ.get(COMPILE_CACHE_ENV):
+        return environ[COMPILE_CACHE_ENV]
+    return os.path.join(workdir, COMPILE_CACHE_DIR) if process_count == 1 else None
+
+
+def use_compile_cache(directory: str | None) -> None:
+    """Point JAX's persistent compilation cache at `directory` (None: off) for this process and the
+    compare workers it spawns (they inherit the environment). Every compilation is cached, however
+    short: a run compiles dozens of small programs whose sum is a large share of a CPU run."""
+    import jax
+
+    if directory is None:
+        os.environ.pop(COMPILE_CACHE_ENV, None)
+        jax.config.update("jax_compilation_cache_dir", None)
+        return
+    os.environ[COMPILE_CACHE_ENV] = directory
+    os.environ.setdefault(MIN_COMPILE_TIME_ENV, "0")
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ[MIN_COMPILE_TIME_ENV]))
 
 
 def _primary_process() -> bool:
@@ -472,6 +507,10 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     try:
         workdir = _WORKDIR.value or default_workdir(cfg)
+        if _MODE.value != "plan":
+            import jax
+
+            use_compile_cache(compile_cache_dir(_COMPILE_CACHE.value, workdir, os.environ, jax.process_count()))
         run(cfg, workdir, _MODE.value, _EXPRESSION.value, progress=_PROGRESS.value and sys.stderr.isatty(),
             accelerators=_ACCELERATOR.value, plan_compile=_PLAN_COMPILE.value)
     except InputError as err:

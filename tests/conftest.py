@@ -3,9 +3,16 @@
 The device count is forced whatever else XLA_FLAGS holds (chex replaces only that flag), and
 JAX runs on the CPU unless JAX_PLATFORMS says otherwise; `test_parallel.py` then runs its cases
 in a subprocess on 8 CPU devices, so nothing is silently skipped.
+
+Many tests compile the same programs (the same tiny policies, inner loops and samplers), so the
+session shares one persistent compilation cache, as `launch/run.py` does for a run's processes:
+a fresh directory made by the first process (pytest-xdist's workers and the tests' subprocesses
+inherit it through the environment) and removed by that process at the end.
 """
 
 import os
+import shutil
+import tempfile
 
 import chex
 
@@ -14,3 +21,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_OWN_COMPILE_CACHE = None
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    _OWN_COMPILE_CACHE = tempfile.mkdtemp(prefix="derl_jax_test_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_COMPILE_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_unconfigure(config):
+    if _OWN_COMPILE_CACHE is not None:
+        shutil.rmtree(_OWN_COMPILE_CACHE, ignore_errors=True)

@@ -145,3 +145,32 @@ def test_defaults_and_domain_kind(tmp_path):
     with pytest.raises(ConfigError, match="got 'chess'"):
         module.plan(cfg, str(tmp_path / "w"), "search")
     assert not os.path.exists(tmp_path / "w")  # the config is checked before the run directory is made
+
+
+def test_compile_cache_directory_resolution():
+    launcher = load_launcher()
+    resolve = launcher.compile_cache_dir
+    env = {"JAX_COMPILATION_CACHE_DIR": "/cache/env"}
+    assert resolve(None, "runs/x", {}, 1) == os.path.join("runs/x", "compile_cache")
+    assert resolve(None, "runs/x", env, 1) == "/cache/env"
+    assert resolve(None, "runs/x", {}, 2) is None           # multi-process: only process 0 writes runs/x
+    assert resolve(None, "runs/x", env, 2) == "/cache/env"
+    assert resolve("/cache/flag", "runs/x", env, 2) == "/cache/flag"
+    assert resolve("", "runs/x", env, 1) is None            # --compile_cache= turns it off
+    assert resolve("  ", "runs/x", {}, 1) is None
+
+
+def test_a_run_fills_its_compile_cache_and_a_run_reading_it_gives_the_same_result(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    args = [sys.executable, SCRIPT, f"--config={SMOKE}", "--mode=final", "--expression=g1", "--noprogress"]
+    cold, warm = tmp_path / "cold", tmp_path / "warm"
+    subprocess.run([*args, f"--workdir={cold}"], check=True, capture_output=True, cwd=REPO_ROOT, env=env, timeout=300)
+    cache = cold / "compile_cache"
+    entries = set(os.listdir(cache))
+    assert len(entries) >= 5   # the inner loop, the evaluation and the small programs around them
+    subprocess.run([*args, f"--workdir={warm}", f"--compile_cache={cache}"], check=True, capture_output=True,
+                   cwd=REPO_ROOT, env=env, timeout=300)
+    assert not (warm / "compile_cache").exists()
+    assert set(os.listdir(cache)) == entries        # every program was found: nothing compiled anew
+    assert json.load(open(warm / "final_result.json")) == json.load(open(cold / "final_result.json"))
