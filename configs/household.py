@@ -36,6 +36,9 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              self_guide (the policy writes progress+ / progress= / progress- before each
              action; adds primitive g_sg, the episode's summed self-reward), self_rewards
              (the internal rewards of the three words, default (0.1, 0.0, -0.1))
+  inner.kl_metric  False here: with no KL penalty (inner.kl = 0) the KL-to-start curve would cost a
+             reference forward over every turn's row, a sixth of an inner step; turn it on to watch
+             the drift (--config.inner.kl_metric=True)
   trust.*    Self-Guide's trust schedule lambda(u) (method `self_guide`): warmup, ramp_end,
              anneal_start, fractions of inner training (derl_jax/selfguide.py)
   policy.*   the policy model and its warm start on the perturbed expert's turns:
@@ -65,7 +68,7 @@ def default() -> ml_collections.ConfigDict:
     policy = {**common.SCRATCH_MODEL, "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
-    cfg.inner.update(steps=6, prompts_per_step=4, group_size=8, lr=3e-4)
+    cfg.inner.update(steps=6, prompts_per_step=4, group_size=8, lr=3e-4, kl_metric=False)
     cfg.outer.update(iterations=2, num_candidates=4)
     cfg.final.steps = 16
     cfg.compare.update(methods=METHODS, candidate_test=False)

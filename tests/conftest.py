@@ -7,7 +7,9 @@ in a subprocess on 8 CPU devices, so nothing is silently skipped.
 Many tests compile the same programs (the same tiny policies, inner loops and samplers), so the
 session shares one persistent compilation cache, as `launch/run.py` does for a run's processes:
 a fresh directory made by the first process (pytest-xdist's workers and the tests' subprocesses
-inherit it through the environment) and removed by that process at the end.
+inherit it through the environment) and removed by that process at the end. Tests compile far
+more than they run, so XLA compiles without LLVM optimisation (`--xla_backend_optimization_level=0`) in
+every process of the session, unless XLA_FLAGS already sets an optimisation level.
 """
 
 import os
@@ -17,6 +19,9 @@ import tempfile
 import chex
 
 chex.set_n_cpu_devices(8)
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -115,8 +115,9 @@ def test_jitted_vmap_over_candidates_matches_unsharded():
     )
     out = sharded_fn(shard_candidates(weights, mesh), jax.device_put(inputs, data_sharding(mesh, 2)))
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-5)
+    # the 'data' axis splits the sum over the batch into two partial sums: float32 rounding differs
     np.testing.assert_allclose(
-        np.asarray(out), np.asarray(jax.vmap(candidate_score, in_axes=(0, None))(weights, inputs)), rtol=1e-6
+        np.asarray(out), np.asarray(jax.vmap(candidate_score, in_axes=(0, None))(weights, inputs)), rtol=1e-5
     )
     assert out.sharding.spec == P("cand", None)
     blocks = {(s.index[0].start, s.index[0].stop) for s in out.addressable_shards}

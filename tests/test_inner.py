@@ -56,7 +56,10 @@ def row(tree, index):
     return jax.tree_util.tree_map(lambda x: x[index], tree)
 
 
-def assert_trees_close(a, b, rtol=2e-4, atol=2e-5):
+def assert_trees_close(a, b, rtol=2e-4, atol=1e-4):
+    """Two trainings of the same policy agree. Adam's normalised step turns float noise in a
+    near-zero gradient entry into a difference of up to the learning rate (3e-4) per step in that
+    weight, so a few weights may differ by more than float32 rounding; atol allows a third of it."""
     for x, y in zip(leaves(a), leaves(b), strict=True):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
