@@ -37,8 +37,8 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              action; adds primitive g_sg, the episode's summed self-reward), self_rewards
              (the internal rewards of the three words, default (0.1, 0.0, -0.1))
   inner.kl_metric  False here: with no KL penalty (inner.kl = 0) the KL-to-start curve would cost a
-             reference forward over every turn's row, a sixth of an inner step; turn it on to watch
-             the drift (--config.inner.kl_metric=True)
+             reference forward over every turn's row; turn it on to watch the drift
+             (--config.inner.kl_metric=True)
   trust.*    Self-Guide's trust schedule lambda(u) (method `self_guide`): warmup, ramp_end,
              anneal_start, fractions of inner training (derl_jax/selfguide.py)
   policy.*   the policy model and its warm start on the perturbed expert's turns:

@@ -166,6 +166,48 @@ def test_cached_decode_matches_full_forward_at_every_step():
         np.testing.assert_allclose(np.asarray(logits[:, 0]), full[:, index], atol=2e-5)
 
 
+@pytest.mark.parametrize("last, remat, cache_kind", [(1, False, "head_major"), (3, True, "layer_major"),
+                                                      (7, False, None)])
+def test_keeping_the_last_positions_matches_the_full_forward(last, remat, cache_kind):
+    # `last=n` runs the last layer's queries and MLP on n positions only: the same values there,
+    # the same cache, the same gradients, and the NumPy reference's logits
+    config = _small(remat=remat)
+    graphdef, params = random_model(config, 6, scale=0.2)
+    batch, length, cache_length = 2, 7, 10
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, config.vocab_size, (batch, length)))
+    mask = np.tril(np.ones((length, length), bool))[None].repeat(batch, 0)
+    mask[1, :, :2] = False   # row 1 is left-padded by two positions
+    positions = np.array([np.arange(length), np.maximum(np.arange(length) - 2, 0)])
+    full_mask = np.pad(mask, ((0, 0), (0, 0), (0, cache_length - length))) if cache_kind else mask
+    init = {"head_major": attention.init_head_major_cache, "layer_major": attention.init_cache}.get(cache_kind)
+    cache = init(config, batch, cache_length) if init else None
+
+    def run(params, keep):
+        return tr.apply_hidden(graphdef, params, tokens, jnp.asarray(positions), jnp.asarray(full_mask), cache, 0,
+                               last=keep)
+
+    (full, full_cache), (kept, kept_cache) = run(params, None), run(params, last)
+    assert kept.shape == (batch, last, config.hidden_size)
+    np.testing.assert_allclose(np.asarray(kept), np.asarray(full[:, -last:]), atol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(full_cache), jax.tree_util.tree_leaves(kept_cache)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    expected = _numpy_forward(config, params, np.asarray(tokens), positions, mask)[:, -last:]
+    logits = tr.apply_logits(graphdef, params, kept)
+    np.testing.assert_allclose(np.asarray(logits)[1, -1], expected[1, -1], atol=2e-5, rtol=1e-5)
+
+    def loss(params, keep):   # reads the last position and, through the cache, every key and value
+        hidden, new_cache = run(params, keep)
+        extra = 0.0 if new_cache is None else sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(new_cache))
+        return jnp.sum(tr.apply_logits(graphdef, params, hidden[:, -1]) ** 2) + extra
+
+    grads_full, grads_kept = jax.grad(loss)(params, None), jax.grad(loss)(params, last)
+    for a, b in zip(jax.tree_util.tree_leaves(grads_full), jax.tree_util.tree_leaves(grads_kept)):
+        a, b = np.asarray(a), np.asarray(b)   # float32 sums of terms up to ~100: relative to the leaf's scale
+        np.testing.assert_allclose(b, a, atol=1e-6 * np.abs(a).max(), rtol=0)
+    with pytest.raises(ValueError, match="last must be an int in"):
+        run(params, length + 1)
+
+
 def test_remat_gives_the_same_loss_and_gradients():
     config = _small(num_layers=1)
     graphdef, params = random_model(config, 5, scale=0.1)

@@ -182,8 +182,10 @@ def constrained_logprobs(
     total = prompt_length + length
     causal = jnp.arange(total)[None, :] <= jnp.arange(total)[:, None]
     positions = jnp.broadcast_to(jnp.arange(total, dtype=jnp.int32), (rows, total))
-    hidden, _ = apply_hidden(graphdef, params, full, positions, token_mask[:, None, :] & causal[None])
-    predicting = hidden[:, prompt_length - 1 : prompt_length - 1 + length]
+    # positions prompt_length - 1 .. total - 2 predict the tokens: the last length + 1 but the final one
+    hidden, _ = apply_hidden(graphdef, params, full, positions, token_mask[:, None, :] & causal[None],
+                             last=length + 1)
+    predicting = hidden[:, :length]
     logits = jnp.einsum("btd,md->btm", predicting, output_rows(graphdef, params, token_ids),
                         preferred_element_type=jnp.float32) / temperature
     log_probs = jax.nn.log_softmax(jnp.where(allowed, logits, EXCLUDED_LOGIT), axis=-1)
@@ -214,7 +216,7 @@ def constrained_decode(
     prompt_length = prompt.shape[0]
     cache = init_cache(model_config, 1, prompt_length + max_new_tokens)
     hidden, cache = apply_hidden(graphdef, params, prompt[None].astype(jnp.int32),
-                                 jnp.arange(prompt_length, dtype=jnp.int32)[None], None, cache, 0)
+                                 jnp.arange(prompt_length, dtype=jnp.int32)[None], None, cache, 0, last=1)
     cache = KVCache(k=jnp.repeat(cache.k, num_samples, axis=1), v=jnp.repeat(cache.v, num_samples, axis=1))
     rows = output_rows(graphdef, params, constraint.token_ids)  # [M, D]
 

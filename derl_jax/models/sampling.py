@@ -126,7 +126,7 @@ def prefill(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, promp
     mask = prompt_mask[:, None, :] & (query_at[None, :] <= query_at[:, None])[None]
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, cache_length - prompt_length)))
     hidden, cache = apply_hidden(graphdef, params, prompts, prompt_positions(prompt_mask), mask,
-                                 init_head_major_cache(config, batch, cache_length), 0)
+                                 init_head_major_cache(config, batch, cache_length), 0, last=1)
     last = hidden[:, -1]
     if group_size > 1:
         last, cache = jnp.repeat(last, group_size, axis=0), cache.repeat(group_size)

@@ -248,11 +248,13 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, score_bias: jax.Array,
-                 cache: Cache | None, cache_index: jax.Array, layer_index: int
+                 cache: Cache | None, cache_index: jax.Array, layer_index: int, queries_from: int = 0
                  ) -> tuple[jax.Array, Cache | None]:
-        """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T, D], cache).
+        """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T - queries_from, D], cache).
 
-        q, k and v come from one `project_side_by_side` call, and q and k are rotated together.
+        Every position's keys and values are computed (and cached); only positions
+        [queries_from, T) query. q, k and v come from one `project_side_by_side` call, and q and
+        k are rotated together.
         """
         batch, length, _ = x.shape
         h, kv = self.num_heads, self.num_kv_heads
@@ -263,7 +265,7 @@ class Attention(nnx.Module):
         qk, v = jnp.split(qkv, [h + kv], axis=2)
         q, k = jnp.split(apply_rotary(qk, cos, sin), [h], axis=2)
         cache, k, v = write_cache(cache, k, v, cache_index, layer_index)
-        return self.o_proj(attend(q, k, v, score_bias)), cache
+        return self.o_proj(attend(q[:, queries_from:], k, v, score_bias[:, queries_from:])), cache
 
 
 class MLP(nnx.Module):
@@ -293,9 +295,12 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm)
         self.mlp = MLP(config)
 
-    def __call__(self, x, cos, sin, score_bias, cache, cache_index, layer_index):
-        attended, cache = self.attn(self.input_norm(x), cos, sin, score_bias, cache, cache_index, layer_index)
-        x = x + attended
+    def __call__(self, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from=0):
+        """x[B, T, D] -> (y[B, T - queries_from, D], cache): the outputs of positions
+        [queries_from, T) only (keys and values of all T are still written)."""
+        attended, cache = self.attn(self.input_norm(x), cos, sin, score_bias, cache, cache_index, layer_index,
+                                    queries_from)
+        x = x[:, queries_from:] + attended
         return x + self.mlp(self.post_attn_norm(x)), cache
 
 
@@ -306,11 +311,11 @@ class Embedding(nnx.Module):
         self.embedding = _param((vocab_size, hidden_size), param_dtype, (MODEL_AXIS, None))
 
 
-def _run_layer(layer: DecoderLayer, x, cos, sin, score_bias, cache, cache_index, layer_index):
-    return layer(x, cos, sin, score_bias, cache, cache_index, layer_index)
+def _run_layer(layer: DecoderLayer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from):
+    return layer(x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from)
 
 
-_run_layer_remat = nnx.remat(_run_layer, static_argnums=(7,))
+_run_layer_remat = nnx.remat(_run_layer, static_argnums=(7, 8))
 
 
 def _initial_values(params: nnx.State, key: jax.Array, max_draw: int = 1 << 27) -> dict:
@@ -368,13 +373,19 @@ class Transformer(nnx.Module):
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array,
                       attention_mask: jax.Array | None = None, cache: Cache | None = None,
-                      cache_index: jax.Array | int = 0) -> tuple[jax.Array, Cache | None]:
+                      cache_index: jax.Array | int = 0, last: int | None = None
+                      ) -> tuple[jax.Array, Cache | None]:
         """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
 
         tokens, positions: i32[B, T]. attention_mask: bool[B, T, S], True where query t may
         read key s; S is the cache length with a cache, else T. Default: causal over cache
         positions (key s visible to query t iff s <= cache_index + t). With a cache, this call's
         keys/values are written at cache positions [cache_index, cache_index + T).
+
+        last = n: only the hidden states of the last n positions are wanted ([B, n, D]; a prefill
+        wants 1). The last layer then runs its queries, output projection and MLP, and the final
+        norm, over those n positions alone; its keys and values still cover all T (the cache is
+        the same). Each position's value is the same as in the full result.
         """
         config = self.config
         if tokens.ndim != 2 or positions.shape != tokens.shape:
@@ -405,8 +416,12 @@ class Transformer(nnx.Module):
         # A one-token decode step keeps no activations worth recomputing, and it runs inside the
         # sampler's scan, where nnx.remat cannot lift the layer's parameters.
         run = _run_layer_remat if config.remat and length > 1 else _run_layer
+        if last is not None and not (isinstance(last, int) and 1 <= last <= length):
+            raise ValueError(f"Transformer: last must be an int in [1, {length}] (the positions kept), got {last!r}")
+        final = len(self.layers) - 1
         for layer_index, layer in enumerate(self.layers):
-            x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index)
+            queries_from = length - last if last is not None and layer_index == final else 0
+            x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from)
         return self.final_norm(x), cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -453,9 +468,10 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, position
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: Cache | None = None,
-                 cache_index: jax.Array | int = 0) -> tuple[jax.Array, Cache | None]:
-    """Functional `Transformer.hidden_states`: (hidden [B, T, D], cache)."""
-    return merge_model(graphdef, params).hidden_states(tokens, positions, attention_mask, cache, cache_index)
+                 cache_index: jax.Array | int = 0, last: int | None = None) -> tuple[jax.Array, Cache | None]:
+    """Functional `Transformer.hidden_states`: (hidden [B, T, D], or [B, last, D] with `last`, cache)."""
+    return merge_model(graphdef, params).hidden_states(tokens, positions, attention_mask, cache, cache_index,
+                                                       last)
 
 
 def apply_logits(graphdef: nnx.GraphDef, params: nnx.State, hidden: jax.Array) -> jax.Array:

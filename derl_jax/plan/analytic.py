@@ -15,8 +15,15 @@ FLOPs count matmuls only, 2 per multiply-add, exactly as the model code issues t
 
 Attention scores and values cost 4*H*Dh per query and key, and every query reads the whole
 static cache (S = cache length, masked, not causally skipped); 2*Dh^2 is the rotary-table
-matmul. Sampling = prefill over the B distinct prompts (all N when U > 1; S = Tp + T, no
-logits) + logits of the N rows + (T - 1) decode steps of N rows. A teacher-forced pass over r rows
+matmul. A prefill of p prompts of Tp tokens runs L - 1 layers over all p*Tp tokens, and the
+last layer's q/k/v projection over all of them but its attention, output projection and MLP
+over the p last positions only (`Transformer.hidden_states(..., last=1)`):
+
+    prefill(p prompts, S keys) = p*Tp * (2*(L-1)*P + 4*(L-1)*H*Dh*S + 2*D*(H + 2*Kv)*Dh + 2*Dh^2)
+                                 + p * (2*P - 2*D*(H + 2*Kv)*Dh + 4*H*Dh*S)
+
+Sampling = prefill over the B distinct prompts (all N when U > 1; S = Tp + T, no logits) +
+logits of the N rows + (T - 1) decode steps of N rows. A teacher-forced pass over r rows
 (`sequence_logprobs`) = prefill of r/g prompts + (T - 1) cached tokens per row (S = Tp + T - 1)
 + T logits per row. One optimizer step on r = N/M rows costs 3x that pass (backward = 2x
 forward: every matmul has an input and a weight gradient) minus 2x the rotary term (no
@@ -189,6 +196,27 @@ def layers_flops(config: ModelConfig, tokens: int, keys: int) -> int:
     return tokens * per_token
 
 
+def qkv_flops(config: ModelConfig, tokens: int) -> int:
+    """Matmul FLOPs of one layer's q/k/v projection over `tokens` tokens."""
+    return tokens * 2 * config.hidden_size * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+
+
+def prefill_layers_flops(config: ModelConfig, prompts: int, prompt_tokens: int, keys: int) -> int:
+    """Matmul FLOPs of the decoder layers in a prefill of `prompts` prompts: every layer but the
+    last over all their tokens; the last one's q/k/v projection over all tokens and the rest
+    (attention, output projection, MLP) over each prompt's last position."""
+    tokens = prompts * prompt_tokens
+    last_layer = config.replace(num_layers=1)
+    full = layers_flops(config.replace(num_layers=config.num_layers - 1), tokens, keys) if config.num_layers > 1 else 0
+    return (full + qkv_flops(config, tokens)
+            + layers_flops(last_layer, prompts, keys) - qkv_flops(config, prompts))
+
+
+def prefill_flops(config: ModelConfig, prompts: int, prompt_tokens: int, keys: int) -> int:
+    """A prefill's matmul FLOPs: its layers and the rotary tables of all its tokens (no logits)."""
+    return prefill_layers_flops(config, prompts, prompt_tokens, keys) + rotary_flops(config, prompts * prompt_tokens)
+
+
 def rotary_flops(config: ModelConfig, tokens: int) -> int:
     return tokens * 2 * config.head_dim ** 2
 
@@ -205,7 +233,7 @@ def sampling_flops(shape: RunShape) -> int:
     """One `sample` call of one candidate (N rows, T new tokens)."""
     config, n, tp, t = shape.model, shape.rollouts, shape.prompt_tokens, shape.new_tokens
     cache = tp + t
-    prefill = forward_flops(config, n // shape.prefill_group * tp, cache, 0) + logits_flops(config, n)
+    prefill = prefill_flops(config, n // shape.prefill_group, tp, cache) + logits_flops(config, n)
     decode = (t - 1) * forward_flops(config, n, cache, n)
     return prefill + decode
 
@@ -213,7 +241,7 @@ def sampling_flops(shape: RunShape) -> int:
 def teacher_forced_flops(config: ModelConfig, rows: int, group: int, prompt_tokens: int, new_tokens: int) -> int:
     """One `sequence_logprobs` forward over `rows` rows whose prompts repeat in groups of `group`."""
     keys = prompt_tokens + new_tokens - 1
-    prefill = forward_flops(config, rows // group * prompt_tokens, keys, 0)
+    prefill = prefill_flops(config, rows // group, prompt_tokens, keys)
     return prefill + forward_flops(config, rows * (new_tokens - 1), keys, rows * new_tokens)
 
 
@@ -227,9 +255,10 @@ def update_step_flops(shape: RunShape) -> int:
     tokens = rows // group * tp + rows * (t - 1)
     total = 3 * forward - 2 * rotary_flops(config, tokens)
     if config.remat:  # the backward recomputes each layer but its down projection, whose output it never reads
-        keys = tp + t - 1
-        total += layers_flops(config, rows // group * tp, keys) + layers_flops(config, rows * (t - 1), keys)
-        total -= 2 * config.num_layers * config.hidden_size * config.intermediate_size * tokens
+        keys, prompts = tp + t - 1, rows // group
+        total += prefill_layers_flops(config, prompts, tp, keys) + layers_flops(config, rows * (t - 1), keys)
+        mlp_tokens = (config.num_layers - 1) * prompts * tp + prompts + config.num_layers * rows * (t - 1)
+        total -= 2 * config.hidden_size * config.intermediate_size * mlp_tokens
     return total
 
 
