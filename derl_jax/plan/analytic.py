@@ -205,11 +205,9 @@ def prefill_layers_flops(config: ModelConfig, prompts: int, prompt_tokens: int, 
     """Matmul FLOPs of the decoder layers in a prefill of `prompts` prompts: every layer but the
     last over all their tokens; the last one's q/k/v projection over all tokens and the rest
     (attention, output projection, MLP) over each prompt's last position."""
-    tokens = prompts * prompt_tokens
-    last_layer = config.replace(num_layers=1)
-    full = layers_flops(config.replace(num_layers=config.num_layers - 1), tokens, keys) if config.num_layers > 1 else 0
-    return (full + qkv_flops(config, tokens)
-            + layers_flops(last_layer, prompts, keys) - qkv_flops(config, prompts))
+    tokens, one_layer = prompts * prompt_tokens, config.replace(num_layers=1)
+    last_layer = qkv_flops(config, tokens) + layers_flops(one_layer, prompts, keys) - qkv_flops(config, prompts)
+    return (config.num_layers - 1) * layers_flops(one_layer, tokens, keys) + last_layer
 
 
 def prefill_flops(config: ModelConfig, prompts: int, prompt_tokens: int, keys: int) -> int:
