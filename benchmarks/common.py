@@ -21,11 +21,28 @@ def median_time(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """{"cpu": model name, "simd": widest of avx512f / avx2 / avx} from a Linux cpuinfo file;
+    {} where it cannot be read. CPU ratios against PyTorch depend on both (oneDNN and XLA
+    use different kernels per instruction set)."""
+    try:
+        with open(cpuinfo) as handle:
+            text = handle.read()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    simd = next((name for name in ("avx512f", "avx2", "avx") if name in flags), "none")
+    return {"cpu": fields.get("model name", "unknown"), "simd": simd}
+
+
 def machine() -> dict:
     """A few facts about where the numbers were taken."""
     import os
 
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()}
+    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine(),
+            **cpu_model()}
     try:
         import jax
 

@@ -186,6 +186,12 @@ def put_global(tree: Any, sharding: Any) -> Any:
         sharding, tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
 
 
+def put_like(tree: Any, like: Any) -> Any:
+    """`tree` (host or device arrays) placed as `like`, a tree of the same structure whose
+    array leaves carry the target shardings (`put_global` per leaf, so across processes too)."""
+    return jax.tree_util.tree_map(lambda leaf, target: put_global(leaf, target.sharding), tree, like)
+
+
 def gather_to_host(tree: Any) -> Any:
     """Every array leaf of `tree` as a NumPy array holding its whole value, on every process.
 

@@ -46,6 +46,7 @@ def test_sharded_sample_and_update_match_one_device():
     moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                 for a, b in zip(jax.tree_util.tree_leaves(one.params), jax.tree_util.tree_leaves(next_one.params)))
     assert moved > 0  # the step changed the weights, so the comparison above means something
+    assert (metrics_one.pop("devices"), metrics_split.pop("devices")) == (1, 2)
     for name in metrics_one:
         np.testing.assert_allclose(float(metrics_one[name]), float(metrics_split[name]), rtol=1e-4, atol=1e-5)
 
@@ -55,3 +56,18 @@ def test_a_strategy_builds_its_meta_optimizer_on_the_run_mesh():
     strategy = make_strategy("derl", {"meta": META}, GRAMMAR, ("g1", "g2", "g3"), mesh=mesh)
     assert strategy.optimizer.mesh is mesh
     assert _split_over_model(strategy.init(jax.random.key(0)).meta.params) >= 3
+
+
+def test_a_checkpointed_strategy_state_comes_back_on_the_mesh():
+    """The DERL strategy saves its Meta-Optimizer state as host arrays (written once, whichever
+    processes the mesh spans) and restores it with the placement of a freshly initialised state."""
+    mesh = make_mesh(1, 1, 2, devices=jax.devices()[:2])
+    strategy = make_strategy("derl", {"meta": META}, GRAMMAR, ("g1", "g2", "g3"), mesh=mesh)
+    state = strategy.init(jax.random.key(0))
+    arrays, data = strategy.checkpoint(state)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(arrays))
+    restored = strategy.restore(strategy.init(jax.random.key(1)), arrays, data)
+    for want, got in zip(jax.tree_util.tree_leaves(state.meta), jax.tree_util.tree_leaves(restored.meta)):
+        assert got.sharding.is_equivalent_to(want.sharding, want.ndim)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert _split_over_model(restored.meta.params) >= 3

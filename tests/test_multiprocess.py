@@ -4,7 +4,8 @@
 backend's cross-process collectives; the mesh's 'cand' axis has one device in each. Checked
 against a one-process run with two (fake) CPU devices and the same config:
 
-* the search history, metrics and result are the same (wall-clock fields aside);
+* the search history, metrics and result are the same (wall-clock fields aside), and the
+  Meta-Optimizer's steps run on the mesh that spans both processes, as in the one-process run;
 * process 1 writes nothing in the run directory: an audit hook in it records every file
   opened for writing, created, renamed or removed there, and no file of its making
   (orbax's per-process `process_1` parts) appears;
@@ -196,6 +197,8 @@ def test_two_processes_resume_to_the_single_process_history(runs):
     # the same update have been seen to differ in an entropy's 7th digit)
     multi_metrics, single_metrics = multi.pop("metrics"), single.pop("metrics")
     assert multi == single
+    # the Meta-Optimizer's parameters live on the whole mesh: one device in each process
+    assert [r["strategy/devices"] for r in multi_metrics] == [2.0] * 3
     assert [sorted(r) for r in multi_metrics] == [sorted(r) for r in single_metrics]
     for got, want in zip(multi_metrics, single_metrics):
         numbers = [k for k, v in want.items() if isinstance(v, float)]

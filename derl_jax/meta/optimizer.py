@@ -74,7 +74,8 @@ from derl_jax.expr.grammar import Grammar
 from derl_jax.meta.corpus import cold_start_corpus
 from derl_jax.meta.meta_model import constrained_decode, constrained_logprobs, hf_backbone, scratch_backbone
 from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS, GRPOConfig, group_advantages, grpo_update, make_optimizer
-from derl_jax.rl.placement import place_params
+from derl_jax.parallel import gather_to_host, put_global
+from derl_jax.rl.placement import optimizer_state_shardings, place_params
 
 BACKBONES = ("scratch", "hf")
 PARAM_DTYPES = ("float32", "bfloat16")
@@ -243,7 +244,8 @@ class MetaOptimizer:
         """mesh: a ('cand', 'data', 'model') mesh (`derl_jax.parallel.make_mesh`) to hold the
         backbone on, its weights split over 'model' as the inner loop's policy is (for a
         backbone larger than one device); sampling and updates then run as sharded steps.
-        None: the default device."""
+        The mesh may span several processes (a multi-host job): every process then calls
+        every method with the same arguments, as the search does. None: the default device."""
         if not isinstance(grammar, Grammar):
             raise TypeError(f"MetaOptimizer: grammar must be a derl_jax.expr.grammar.Grammar, got {type(grammar).__name__}")
         self.config = MetaConfig.from_config(cfg)
@@ -262,6 +264,13 @@ class MetaOptimizer:
     def place(self, params: Any) -> Any:
         """`params` on `self.mesh` by the transformer's sharding metadata (unchanged without a mesh)."""
         return params if self.mesh is None else place_params(params, self.mesh)
+
+    def _replicated(self, tree: Any) -> Any:
+        """`tree`'s arrays copied whole to every device of `self.mesh` (unchanged without a
+        mesh): the inputs of a step whose parameters live on the mesh, which may span processes."""
+        if self.mesh is None:
+            return tree
+        return put_global(tree, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
 
     # --------------------------------------------------------------- corpus and cold start
 
@@ -294,7 +303,7 @@ class MetaOptimizer:
 
         The constraint is replayed in chunks of REPLAY_CHUNK rows so that one compiled shape
         serves every batch size."""
-        tokens = np.asarray(tokens, np.int32)
+        tokens = np.asarray(gather_to_host(tokens), np.int32)
         rows = tokens.shape[0]
         padded = np.full((-(-rows // REPLAY_CHUNK) * REPLAY_CHUNK, tokens.shape[1]), self.backbone.pad_id, np.int32)
         padded[:rows] = tokens
@@ -338,8 +347,8 @@ class MetaOptimizer:
         steps = self.config.cold_start_steps
         if steps == 0:
             return params, jnp.zeros((0,), jnp.float32)
-        return self._cold_start_fn(params, key, jnp.asarray(tokens), jnp.asarray(mask), self.allowed_masks(tokens),
-                                   steps=steps)
+        inputs = self._replicated((key, tokens, mask, self.allowed_masks(tokens)))
+        return self._cold_start_fn(params, *inputs, steps=steps)
 
     def init(self, key: jax.Array) -> MetaState:
         """Initial parameters (random for scratch, the checkpoint for hf), then the cold-start
@@ -347,8 +356,12 @@ class MetaOptimizer:
         param_key, sft_key = jax.random.split(key)
         params, _ = self.cold_start(self.place(self.backbone.initial_params(param_key)), sft_key)
         params = self.place(params)
-        return MetaState(params=params, opt_state=self.optimizer.init(params), ref_params=params,
-                         step=jnp.zeros((), jnp.int32))
+        opt_state = self.optimizer.init(params)
+        if self.mesh is not None:
+            shardings = optimizer_state_shardings(self.optimizer, params, self.mesh)
+            opt_state = jax.jit(self.optimizer.init, out_shardings=shardings)(params)
+        return MetaState(params=params, opt_state=opt_state, ref_params=params,
+                         step=self._replicated(np.zeros((), np.int32)))
 
     # --------------------------------------------------------------- sampling
 
@@ -368,8 +381,9 @@ class MetaOptimizer:
         temperature = self.config.temperature if temperature is None else temperature
         if not temperature > 0:
             raise ValueError(f"MetaOptimizer.sample: temperature must be > 0, got {temperature!r}")
-        tokens, mask, logp = self._sample_fn(state.params, key, jnp.float32(temperature), num_samples=int(n))
-        host_tokens, host_mask = np.asarray(tokens), np.asarray(mask)
+        key, temperature = self._replicated((key, np.float32(temperature)))
+        tokens, mask, logp = self._sample_fn(state.params, key, temperature, num_samples=int(n))
+        host_tokens, host_mask = gather_to_host((tokens, mask))
         texts = [self.backbone.decode(row[keep]) for row, keep in zip(host_tokens, host_mask)]
         return MetaSample(texts=texts, symbols=tokens, mask=mask, logp=logp)
 
@@ -380,8 +394,8 @@ class MetaOptimizer:
         """f32[n, T]: log-probs of `sample`'s tokens under `params` (constrained, at `temperature`,
         default the config's); 0 where sample.mask is False."""
         temperature = self.config.temperature if temperature is None else temperature
-        return self._logprob_fn(params, sample.symbols, sample.mask, self.allowed_masks(sample.symbols),
-                                jnp.float32(temperature))
+        inputs = self._replicated((sample.symbols, sample.mask, self.allowed_masks(sample.symbols), np.float32(temperature)))
+        return self._logprob_fn(params, *inputs)
 
     # --------------------------------------------------------------- GRPO update
 
@@ -413,7 +427,8 @@ class MetaOptimizer:
         are recomputed at that temperature and treated as the behaviour policy's.
 
         Returns (new state, metrics: loss, pg_loss, kl, entropy, clip_fraction, grad_norm,
-        score_mean, score_std, score_max, advantage_abs_mean — scalars, means over the epochs).
+        score_mean, score_std, score_max, advantage_abs_mean — scalars, means over the epochs;
+        devices: how many devices hold the parameters, the mesh's size when there is one).
         """
         values = np.asarray(scores, np.float32)
         rows = int(sample.symbols.shape[0])
@@ -426,9 +441,8 @@ class MetaOptimizer:
                 f"MetaOptimizer.update: the sample has {sample.symbols.shape[1]} tokens per row, this optimizer "
                 f"writes {self.backbone.max_new_tokens}; it was not drawn by this optimizer"
             )
-        tokens, mask = jnp.asarray(sample.symbols), jnp.asarray(sample.mask)
-        allowed = self.allowed_masks(tokens)
-        temperature = jnp.float32(self.config.temperature)
+        tokens, mask, allowed, temperature, values = self._replicated(
+            (sample.symbols, sample.mask, self.allowed_masks(sample.symbols), np.float32(self.config.temperature), values))
         batch = {
             "tokens": tokens,
             "mask": mask,
@@ -438,5 +452,7 @@ class MetaOptimizer:
             "old_logp": self._logprob_fn(state.params, tokens, mask, allowed, temperature),
             "ref_logp": self._logprob_fn(state.ref_params, tokens, mask, allowed, temperature),
         }
-        new_state, metrics = self._update_fn(state, batch, jnp.asarray(values))
-        return new_state.replace(params=self.place(new_state.params)), metrics
+        new_state, metrics = self._update_fn(state, batch, values)
+        new_state = new_state.replace(params=self.place(new_state.params))
+        devices = len(jax.tree_util.tree_leaves(new_state.params)[0].sharding.device_set)
+        return new_state, dict(metrics, devices=devices)

@@ -259,13 +259,9 @@ def _latex_of(expression: str | None, primitive_names: Sequence[str]) -> str | N
 
 
 def meta_optimizer_mesh(evaluator: CandidateEvaluator) -> Any:
-    """The mesh the Meta-Optimizer runs on: the inner loop's when this process holds all of its
-    devices; None (this process's own device) in a multi-process job, where every process
-    computes the Meta-Optimizer's steps itself from the same seeds."""
-    mesh = getattr(evaluator, "mesh", None)
-    if mesh is None or any(device.process_index != jax.process_index() for device in mesh.devices.flat):
-        return None
-    return mesh
+    """The mesh the Meta-Optimizer runs on: the inner loop's (None without one), also when it
+    spans several processes: its steps are then one sharded computation of the whole job."""
+    return getattr(evaluator, "mesh", None)
 
 
 def search_method(

@@ -81,7 +81,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -95,7 +94,7 @@ from derl_jax.rl.config import InnerConfig, metric_names, progress
 from derl_jax.rl.grpo import GRPOConfig, grpo_update, make_optimizer
 from derl_jax.rl.host_pool import HostPrimitiveRunner
 from derl_jax.rl.loop import rewards_and_advantages
-from derl_jax.rl.placement import candidate_slices, place_params, put_array, to_host
+from derl_jax.rl.placement import candidate_slices, optimizer_state_shardings, place_params, put_array, to_host
 from derl_jax.rl.host_batches import HostSplit, batch_schedule, unstack_programs
 from derl_jax.rl.rollout import Rollouts, completion_logprobs, sample_rollouts
 
@@ -180,11 +179,8 @@ class PolicyFunctions:
         param_shardings = jax.tree.map(lambda x: x.sharding, params)
         signature = tuple(jax.tree.leaves(param_shardings))
         if signature not in self._optimizer_inits:
-            replicated = NamedSharding(self.mesh, PartitionSpec())
-            state_shardings = optax.tree_map_params(
-                self.optimizer, lambda _, sharding: sharding, jax.eval_shape(self.optimizer.init, params), param_shardings,
-                transform_non_params=lambda _: replicated)
-            self._optimizer_inits[signature] = jax.jit(self.optimizer.init, out_shardings=state_shardings)
+            self._optimizer_inits[signature] = jax.jit(
+                self.optimizer.init, out_shardings=optimizer_state_shardings(self.optimizer, params, self.mesh))
         return self._optimizer_inits[signature](params)
 
     def update(self, params, opt_state, program: Program, prims: np.ndarray, progress: float, rollouts: Rollouts,

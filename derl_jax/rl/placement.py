@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -143,3 +144,14 @@ def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
     """`params` (host or device arrays) on `mesh` by the transformer's sharding metadata."""
     return jax.tree.map(lambda leaf, sharding: put_array(leaf, canonical_sharding(sharding)), params,
                         tr.param_shardings(params, mesh))
+
+
+def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
+    """The shardings of `optimizer`'s state for `params` (arrays placed on `mesh`): moments
+    sharded like their parameters, everything else (step counts) replicated on the mesh; the
+    `out_shardings` of a jitted `optimizer.init`, which would otherwise leave state that does
+    not depend on the parameters' values on one device."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return optax.tree_map_params(
+        optimizer, lambda _, sharding: sharding, jax.eval_shape(optimizer.init, params),
+        jax.tree.map(lambda x: x.sharding, params), transform_non_params=lambda _: replicated)

@@ -19,6 +19,7 @@ from derl_jax.meta.strategies.base import (
     finite_metrics,
 )
 from derl_jax.meta.strategies.registry import register_strategy
+from derl_jax.parallel import gather_to_host, put_like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +68,12 @@ class MetaOptimizerStrategy(Strategy):
         return dict(state.last_metrics)
 
     def checkpoint(self, state: OptimizerStrategyState) -> tuple[Any, dict]:
-        return state.meta, {"last_metrics": dict(state.last_metrics)}
+        # on the host: written once by process 0 when the state spans several processes
+        return gather_to_host(state.meta), {"last_metrics": dict(state.last_metrics)}
 
     def restore(self, initial_state: OptimizerStrategyState, arrays: Any, data: Mapping[str, Any]):
-        return OptimizerStrategyState(meta=arrays, last_metrics=dict(data.get("last_metrics", {})))
+        return OptimizerStrategyState(meta=put_like(arrays, initial_state.meta),
+                                      last_metrics=dict(data.get("last_metrics", {})))
 
 
 @register_strategy("derl")
