@@ -89,12 +89,12 @@ from derl_jax.evaluator import CandidateResults
 from derl_jax.expr.parse import parse
 from derl_jax.expr.program import Program, compile_expr
 from derl_jax.models import sampling
-from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh
+from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, gather_to_host, make_mesh, put_global
 from derl_jax.rl.config import InnerConfig, metric_names, progress
 from derl_jax.rl.grpo import GRPOConfig, grpo_update, make_optimizer
 from derl_jax.rl.host_pool import HostPrimitiveRunner
 from derl_jax.rl.loop import rewards_and_advantages
-from derl_jax.rl.placement import candidate_slices, optimizer_state_shardings, place_params, put_array, to_host
+from derl_jax.rl.placement import candidate_slices, optimizer_state_shardings, place_params
 from derl_jax.rl.host_batches import HostSplit, batch_schedule, unstack_programs
 from derl_jax.rl.rollout import Rollouts, completion_logprobs, sample_rollouts
 
@@ -164,7 +164,7 @@ class PolicyFunctions:
         spec = [None] * array.ndim
         if array.ndim and array.shape[0] % self.data_size == 0:
             spec[0] = DATA_AXIS
-        return put_array(array, NamedSharding(self.mesh, PartitionSpec(*spec)))
+        return put_global(array, NamedSharding(self.mesh, PartitionSpec(*spec)))
 
     def sample(self, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array,
                greedy: bool = False) -> Rollouts:
@@ -370,7 +370,7 @@ class HostEvaluator:
                 scores.append(accuracy)
                 curves.append(run.curves())
                 if self.config.return_params:
-                    kept.append(jax.tree.map(to_host, run.params))
+                    kept.append(gather_to_host(run.params))
                 runs_done.append(run)
                 run.params = run.opt_state = run.ref_params = None
         self._finish_report("search", runs_done, budget, eval_host, started)
@@ -450,7 +450,7 @@ class HostEvaluator:
                 rollouts.append(run.fns.sample(run.params, *inputs[id(run.fns)], sample_key))
             step_host = 0.0
             for run, rollout in zip(active, rollouts):
-                completions, completion_mask, lengths = (to_host(a) for a in (rollout.completions, rollout.mask, rollout.lengths))
+                completions, completion_mask, lengths = gather_to_host((rollout.completions, rollout.mask, rollout.lengths))
                 ref_logp = run.fns.reference_logprobs(run.ref_params, rollout) if self.config.uses_reference else None
                 host_started = time.perf_counter()
                 texts = self.domain.tokenizer.decode_batch(completions, completion_mask)
@@ -561,7 +561,7 @@ class HostEvaluator:
         for position, (j, b) in enumerate(items):
             upcoming = dispatch(items[position + 1]) if position + 1 < len(items) else None
             real = batches[b].size
-            completions, completion_mask = to_host(pending.completions)[:real], to_host(pending.mask)[:real]
+            completions, completion_mask = (a[:real] for a in gather_to_host((pending.completions, pending.mask)))
             host_started = time.perf_counter()
             texts = self.domain.tokenizer.decode_batch(completions, completion_mask)
             if check:

@@ -4,7 +4,7 @@
     padded_count(K, chunk_size, cand_size)                    K rounded up to what the mesh takes
     run_mesh(cfg)                                             the ('cand', 'data', 'model') mesh of config.mesh
     candidate_slices(mesh)                                    one ('data', 'model') sub-mesh per 'cand' index
-    place_params(params, mesh), to_host(array)                moving policies on and off the mesh
+    place_params(params, mesh)                                policies onto the mesh (off it: parallel.gather_to_host)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.models import transformer as tr
 from derl_jax.models.transformer import abstract_model, config_of
-from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh
+from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh, put_global
 
 
 def params_candidate_axis(graphdef: nnx.GraphDef, params: Any) -> int | None:
@@ -115,22 +115,6 @@ def candidate_slices(mesh: Mesh) -> list[Mesh]:
     return [Mesh(devices[i], (DATA_AXIS, MODEL_AXIS), axis_types=axis_types) for i in range(devices.shape[0])]
 
 
-def to_host(array: jax.Array) -> np.ndarray:
-    """A device array as NumPy on this process (gathered from every process when needed)."""
-    if not isinstance(array, jax.Array) or array.is_fully_addressable:
-        return np.asarray(array)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-
-
-def put_array(value: Any, sharding: NamedSharding) -> jax.Array:
-    if jax.process_count() == 1 or (isinstance(value, jax.Array) and not value.is_fully_addressable):
-        return jax.device_put(value, sharding)
-    host = np.asarray(value)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-
 def canonical_sharding(sharding: NamedSharding) -> NamedSharding:
     """The same placement with trailing replicated dimensions dropped from the spec (P(None,) -> P()),
     the form jitted functions return, so that placed inputs and outputs hit one compiled version."""
@@ -142,7 +126,7 @@ def canonical_sharding(sharding: NamedSharding) -> NamedSharding:
 
 def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
     """`params` (host or device arrays) on `mesh` by the transformer's sharding metadata."""
-    return jax.tree.map(lambda leaf, sharding: put_array(leaf, canonical_sharding(sharding)), params,
+    return jax.tree.map(lambda leaf, sharding: put_global(leaf, canonical_sharding(sharding)), params,
                         tr.param_shardings(params, mesh))
 
 
