@@ -4,6 +4,7 @@
     python benchmarks/bench_inner.py --quick    # K = 1, 4, fewer steps
     python benchmarks/bench_inner.py --k1       # only K = 1 (loop mode) against TRL: the per-step comparison
     python benchmarks/bench_inner.py --k1 --prompts 32   # the same at 32 x 4 = 128 completions per step
+    python benchmarks/bench_inner.py --k1 --trials 3     # three trials in a row: medians and each trial's ratio
 
 Modes (the same `InnerLoop`, the same inputs):
   vmapped  `train_many` with every candidate vmapped in one compiled call
@@ -298,31 +299,12 @@ def trl_row(args, domain, model_cfg) -> dict:
             "grpo_steps_per_s": round(1.0 / statistics.median(measured), 3), "measured_steps": len(measured)}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="K = 1, 4 and fewer steps")
-    parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
-    parser.add_argument("--k1", action="store_true", help="only K = 1 in loop mode (and TRL)")
-    parser.add_argument("--candidates", type=int, nargs="+", dest="only_candidates",
-                        help="the values of K to run (instead of the preset's)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step (B; default 8)")
-    parser.add_argument("--group", type=int, default=4, help="samples per prompt (G; default 4)")
-    args = parser.parse_args(argv)
-    for name in ("prompts", "group"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
-    args.candidates = (1,) if args.k1 else (1, 4) if args.quick else (1, 8, 32)
-    if args.only_candidates:
-        args.candidates = tuple(args.only_candidates)
-    args.steps = 2 if args.quick else 8
-    args.repeats = 1 if args.quick else 3
-    args.chunk = 4
-    args.trl_steps = 2 if args.quick else 4
-    rows, setup = jax_rows(args)
+def trial_summary(args, rows) -> dict:
+    """One trial's ratios: ours (K = 1, fastest mode; fastest per candidate-step in any mode) vs
+    TRL per step, and the best batched mode vs the loops for every K > 1."""
     summary = {}
-    if not args.no_trl:
-        trl = trl_row(args, setup["domain"], setup["model_cfg"])
-        rows.append(trl)
+    trl = next((r for r in rows if r["mode"] == "trl_grpo_trainer"), None)
+    if trl is not None:
         ours = min(r["step_ms_per_candidate"] for r in rows if r["K"] == 1 and r["mode"] != "trl_grpo_trainer")
         ours_any = min(r["step_ms_per_candidate"] for r in rows if r["mode"] != "trl_grpo_trainer")
         summary["trl_step_ms"] = trl["step_ms_per_candidate"]
@@ -336,13 +318,53 @@ def main(argv=None) -> dict:
             one_device_loop = next(r for r in rows if r["K"] == count and r["mode"] == "loop")
             summary[f"best_batched_vs_one_device_loop_K{count}"] = round(one_device_loop["run_s"] / best["run_s"], 2)
             summary[f"best_batched_vs_fastest_loop_K{count}"] = best["speedup_vs_loop"]
+    return summary
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="K = 1, 4 and fewer steps")
+    parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
+    parser.add_argument("--k1", action="store_true", help="only K = 1 in loop mode (and TRL)")
+    parser.add_argument("--candidates", type=int, nargs="+", dest="only_candidates",
+                        help="the values of K to run (instead of the preset's)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step (B; default 8)")
+    parser.add_argument("--group", type=int, default=4, help="samples per prompt (G; default 4)")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="repeat everything (ours, then TRL) this many times; the summary gives medians "
+                             "and each trial's ratios (default 1)")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "group", "trials"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    args.candidates = (1,) if args.k1 else (1, 4) if args.quick else (1, 8, 32)
+    if args.only_candidates:
+        args.candidates = tuple(args.only_candidates)
+    args.steps = 2 if args.quick else 8
+    args.repeats = 1 if args.quick else 3
+    args.chunk = 4
+    args.trl_steps = 2 if args.quick else 4
+    rows, summaries = [], []
+    for trial in range(args.trials):
+        trial_rows, setup = jax_rows(args)
+        if not args.no_trl:
+            trial_rows.append(trl_row(args, setup["domain"], setup["model_cfg"]))
+        summaries.append(trial_summary(args, trial_rows))
+        if args.trials > 1:
+            for row in trial_rows:
+                row["trial"] = trial
+        rows.extend(trial_rows)
+    summary = {name: round(float(statistics.median(s[name] for s in summaries)), 2) for name in summaries[0]}
+    if args.trials > 1:
+        for name in [n for n in summaries[0] if n.startswith("speedup") or n.startswith("best_batched")]:
+            summary[f"{name}_trials"] = [float(s[name]) for s in summaries]
     summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"],
               "max_new_tokens": DOMAIN["max_new_tokens"],
               "prompts_per_step": args.prompts, "group_size": args.group,
               "completions_per_step": args.prompts * args.group, "steps": args.steps,
-              "candidates": args.candidates, "chunk_size": args.chunk}
-    columns = ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
+              "candidates": args.candidates, "chunk_size": args.chunk, "trials": args.trials}
+    columns = ["trial"] * (args.trials > 1) + ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
                "tokens_per_s", "exec_mib", "speedup_vs_loop"]
     return report("inner_loop", rows, config=config, summary=summary, columns=columns)
 
