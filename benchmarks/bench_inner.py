@@ -305,11 +305,12 @@ def trial_summary(args, rows) -> dict:
     summary = {}
     trl = next((r for r in rows if r["mode"] == "trl_grpo_trainer"), None)
     if trl is not None:
-        ours = min(r["step_ms_per_candidate"] for r in rows if r["K"] == 1 and r["mode"] != "trl_grpo_trainer")
-        ours_any = min(r["step_ms_per_candidate"] for r in rows if r["mode"] != "trl_grpo_trainer")
         summary["trl_step_ms"] = trl["step_ms_per_candidate"]
-        summary["ours_step_ms_k1"] = ours
-        summary["speedup_vs_trl_per_step"] = round(trl["step_ms_per_candidate"] / ours, 2)
+        single = [r["step_ms_per_candidate"] for r in rows if r["K"] == 1 and r["mode"] != "trl_grpo_trainer"]
+        if single:
+            summary["ours_step_ms_k1"] = min(single)
+            summary["speedup_vs_trl_per_step"] = round(trl["step_ms_per_candidate"] / min(single), 2)
+        ours_any = min(r["step_ms_per_candidate"] for r in rows if r["mode"] != "trl_grpo_trainer")
         summary["speedup_vs_trl_per_candidate_step_best_mode"] = round(trl["step_ms_per_candidate"] / ours_any, 2)
     for count in args.candidates:
         if count > 1:
