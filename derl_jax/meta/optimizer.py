@@ -356,8 +356,9 @@ class MetaOptimizer:
         param_key, sft_key = jax.random.split(key)
         params, _ = self.cold_start(self.place(self.backbone.initial_params(param_key)), sft_key)
         params = self.place(params)
-        opt_state = self.optimizer.init(params)
-        if self.mesh is not None:
+        if self.mesh is None:
+            opt_state = self.optimizer.init(params)
+        else:  # moments where their parameters are, step counts on every device of the mesh
             shardings = optimizer_state_shardings(self.optimizer, params, self.mesh)
             opt_state = jax.jit(self.optimizer.init, out_shardings=shardings)(params)
         return MetaState(params=params, opt_state=opt_state, ref_params=params,
