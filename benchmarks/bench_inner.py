@@ -26,6 +26,9 @@ mode against the one-device loop and against the fastest loop.
 Then TRL's `GRPOTrainer` (PyTorch CPU) trains a `transformers.Qwen2ForCausalLM` of the same
 shape on the same prompts with the same batch (B prompts x G samples), completion length
 and outcome reward; a callback times each optimizer step after a warm-up step.
+The K = 1 loops are then timed again (`step_ms_after_trl`), and the per-step ratio against
+TRL uses the mean of ours before and after TRL (`step_ms_bracketed`): the speed of a shared
+host drifts over a run, and bracketing the reference cancels a drift that is linear in time.
 """
 
 from __future__ import annotations
@@ -176,7 +179,7 @@ def jax_rows(args) -> tuple[list[dict], dict]:
     per_candidate = args.prompts * args.group
     data_mesh = make_mesh(1, devices, 1) if devices > 1 and per_candidate % devices == 0 else None
     data_loop = make_inner_loop(domain, graphdef, InnerConfig(**base), data_mesh) if data_mesh is not None else None
-    rows, cache = [], {}
+    rows, cache, retime = [], {}, []
     for count in args.candidates:
         programs = programs_for(count, domain.primitive_names)
         keys = jax.random.split(jax.random.key(1), count)
@@ -214,12 +217,28 @@ def jax_rows(args) -> tuple[list[dict], dict]:
                 "exec_mib": mib,
             })
             print(rows[-1], flush=True)
+            if count == 1 and mode == "loop":
+                retime.append((rows[-1], lambda p=programs, k=keys: time_loop(
+                    loops[0], params, p, k, domain.train, args.repeats, cache)[1]))
+            elif count == 1 and mode == "loop_data":
+                retime.append((rows[-1], lambda p=programs, k=keys: time_data_parallel(
+                    data_loop, data_mesh, params, p, k, domain.train, args.repeats, cache)[1]))
     for count in args.candidates:
         of_k = [r for r in rows if r["K"] == count]
         loop_s = min(r["run_s"] for r in of_k if r["mode"] in ("loop", "loop_devices", "loop_data"))
         for r in of_k:
             r["speedup_vs_loop"] = round(loop_s / r["run_s"], 2)
-    return rows, {"domain": domain, "model_cfg": model_cfg}
+    return rows, {"domain": domain, "model_cfg": model_cfg, "retime_k1": retime}
+
+
+def time_again_after(rows_and_timers, steps: int) -> None:
+    """Time the K = 1 loops again (compiled already) and add `step_ms_after_trl` and
+    `step_ms_bracketed` (the mean of the two) to their rows: the host's speed drifts over a
+    run, and timing ours on both sides of TRL cancels a drift that is linear in time."""
+    for row, timer in rows_and_timers:
+        after = 1e3 * timer() / steps
+        row["step_ms_after_trl"] = round(after, 2)
+        row["step_ms_bracketed"] = round((row["step_ms_per_candidate"] + after) / 2, 2)
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -306,11 +325,13 @@ def trial_summary(args, rows) -> dict:
     trl = next((r for r in rows if r["mode"] == "trl_grpo_trainer"), None)
     if trl is not None:
         summary["trl_step_ms"] = trl["step_ms_per_candidate"]
-        single = [r["step_ms_per_candidate"] for r in rows if r["K"] == 1 and r["mode"] != "trl_grpo_trainer"]
+        single = [r.get("step_ms_bracketed", r["step_ms_per_candidate"]) for r in rows
+                  if r["K"] == 1 and r["mode"] != "trl_grpo_trainer"]
         if single:
             summary["ours_step_ms_k1"] = min(single)
             summary["speedup_vs_trl_per_step"] = round(trl["step_ms_per_candidate"] / min(single), 2)
-        ours_any = min(r["step_ms_per_candidate"] for r in rows if r["mode"] != "trl_grpo_trainer")
+        ours_any = min(r.get("step_ms_bracketed", r["step_ms_per_candidate"]) for r in rows
+                       if r["mode"] != "trl_grpo_trainer")
         summary["speedup_vs_trl_per_candidate_step_best_mode"] = round(trl["step_ms_per_candidate"] / ours_any, 2)
     for count in args.candidates:
         if count > 1:
@@ -350,6 +371,7 @@ def main(argv=None) -> dict:
         trial_rows, setup = jax_rows(args)
         if not args.no_trl:
             trial_rows.append(trl_row(args, setup["domain"], setup["model_cfg"]))
+            time_again_after(setup["retime_k1"], args.steps)
         summaries.append(trial_summary(args, trial_rows))
         if args.trials > 1:
             for row in trial_rows:
@@ -366,7 +388,7 @@ def main(argv=None) -> dict:
               "completions_per_step": args.prompts * args.group, "steps": args.steps,
               "candidates": args.candidates, "chunk_size": args.chunk, "trials": args.trials}
     columns = ["trial"] * (args.trials > 1) + ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
-               "tokens_per_s", "exec_mib", "speedup_vs_loop"]
+               "tokens_per_s", "exec_mib", "speedup_vs_loop"] + ["step_ms_after_trl", "step_ms_bracketed"] * (not args.no_trl)
     return report("inner_loop", rows, config=config, summary=summary, columns=columns)
 
 

@@ -361,3 +361,17 @@ def test_logp_and_entropy_match_log_softmax_in_values_and_gradients():
         jax.grad(objective(reference))(logits)
     assert bool(jnp.isfinite(ours).all())
     np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
+
+
+def test_first_argmax_matches_jnp_argmax_with_ties_infinities_and_nan():
+    rng = np.random.default_rng(0)
+    x = rng.integers(-3, 4, size=(64, 11)).astype(np.float32)   # many ties
+    x[5] = -np.inf
+    x[6, 3] = np.inf
+    x[7, [2, 8]] = np.nan
+    x[8, :] = np.nan
+    x[9, [1, 4]] = np.inf
+    got = jax.jit(sm.first_argmax)(jnp.asarray(x))
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), np.argmax(x, axis=-1))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))

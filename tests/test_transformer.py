@@ -316,3 +316,50 @@ def test_separate_and_side_by_side_projections_match_the_reference_and_each_othe
         results.append(jax.tree_util.tree_leaves(grads))
     for separate, joined in zip(*results):
         np.testing.assert_allclose(np.asarray(separate), np.asarray(joined), atol=1e-5, rtol=1e-5)
+
+
+def _per_head_attention(q, k, v, score_bias):
+    """Reference: every query head on its own, key/value heads repeated, plain autodiff.
+    q[B, T, H, Dh], k, v[B, K, S, Dh] -> [B, T, H*Dh]."""
+    heads, kv_heads, head_dim = q.shape[2], k.shape[1], q.shape[3]
+    k = jnp.repeat(k, heads // kv_heads, axis=1).astype(jnp.float32)
+    v = jnp.repeat(v, heads // kv_heads, axis=1).astype(jnp.float32)
+    outs = []
+    for h in range(heads):
+        scores = jnp.einsum("btd,bsd->bts", q[:, :, h].astype(jnp.float32), k[:, h]) / np.sqrt(head_dim)
+        outs.append(jnp.einsum("bts,bsd->btd", jax.nn.softmax(scores + score_bias, axis=-1), v[:, h]))
+    return jnp.concatenate(outs, axis=-1)
+
+
+@pytest.mark.parametrize("head_dim, dtype, tol", [(16, jnp.float32, 2e-6), (24, jnp.float32, 2e-6),
+                                                  (16, jnp.bfloat16, 3e-2)])
+def test_grouped_attention_backward_matches_autodiff_of_the_per_head_formula(head_dim, dtype, tol):
+    """`attend` (written-out backward) against autodiff of a per-head reference, with masked keys,
+    for a power-of-two head size (q pre-scaled), another (scores scaled) and bfloat16; and under vmap."""
+    keys = jax.random.split(jax.random.key(3), 5)
+    batch, length, heads, kv_heads, key_length = 3, 5, 4, 2, 9
+    q = jax.random.normal(keys[0], (batch, length, heads, head_dim)).astype(dtype)
+    k = jax.random.normal(keys[1], (batch, kv_heads, key_length, head_dim)).astype(dtype)
+    v = jax.random.normal(keys[2], (batch, kv_heads, key_length, head_dim)).astype(dtype)
+    visible = jax.random.bernoulli(keys[3], 0.7, (batch, length, key_length)).at[:, :, 0].set(True)
+    score_bias = jnp.where(visible, 0.0, attention.MASKED_SCORE).astype(jnp.float32)
+    weights = jax.random.normal(keys[4], (batch, length, heads * head_dim))
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v, score_bias).astype(jnp.float32) * weights)
+
+    np.testing.assert_allclose(np.asarray(attention.attend(q, k, v, score_bias), np.float32),
+                               np.asarray(_per_head_attention(q, k, v, score_bias)), atol=tol, rtol=tol)
+    ours = jax.jit(jax.grad(loss(attention.attend), argnums=(0, 1, 2)))(q, k, v)
+    reference = jax.grad(loss(_per_head_attention), argnums=(0, 1, 2))(q, k, v)
+    for name, got, want in zip("qkv", ours, reference):
+        assert got.dtype == dtype, name
+        scale = float(jnp.max(jnp.abs(want)))
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   atol=tol * scale, rtol=tol, err_msg=f"d{name}")
+
+    stacked = [jnp.stack([x, 2 * x]) for x in (q, k, v)]
+    batched = jax.vmap(jax.grad(loss(attention.attend), argnums=(0, 1, 2)))(*stacked)
+    for index, got in enumerate(batched):
+        again = jax.grad(loss(attention.attend), argnums=(0, 1, 2))(*(x[1] for x in stacked))[index]
+        np.testing.assert_allclose(np.asarray(got[1], np.float32), np.asarray(again, np.float32), rtol=1e-5, atol=1e-6)

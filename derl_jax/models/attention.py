@@ -7,6 +7,7 @@ H query heads, K key/value heads, Dh head size, L layers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -151,23 +152,67 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array) -> j
     f32[B, T, S] -> [B, T, H*Dh]. Query head j reads key/value head j // (H / K).
 
     The G = H / K query heads of one key/value head are stacked along the query axis, so
-    scores and outputs are single batched matmuls over (B, K)."""
+    scores and outputs are single batched matmuls over (B, K) (`grouped_attention`)."""
     batch, length, heads, head_dim = q.shape
-    kv_heads, key_length = k.shape[1], k.shape[2]
+    kv_heads = k.shape[1]
     group = heads // kv_heads
     q = q.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
     q = q.reshape(batch, kv_heads, group * length, head_dim)
     scale = head_dim ** -0.5
     exact = math.frexp(scale)[0] == 0.5  # a power of two: scaling q first changes no bit
-    scores = jnp.einsum("bkqd,bksd->bkqs", q * scale if exact else q, k, preferred_element_type=jnp.float32)
-    scores = scores.reshape(batch, kv_heads, group, length, key_length)
-    if not exact:
-        scores = scores * scale
-    scores = scores + score_bias[:, None, None, :, :]
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    probs = probs.reshape(batch, kv_heads, group * length, key_length)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(batch, kv_heads, group, length, head_dim)
+    out = grouped_attention(q * scale if exact else q, k, v, score_bias, 1.0 if exact else scale, group)
+    out = out.reshape(batch, kv_heads, group, length, head_dim)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads * head_dim)
+
+
+def _attention_probs(q: jax.Array, k: jax.Array, score_bias: jax.Array, scale: float, group: int) -> jax.Array:
+    """f32[B, K, G*T, S]: softmax over keys of scale * (q . k) + score_bias (broadcast over K and G)."""
+    batch, kv_heads, rows, _ = q.shape
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, kv_heads, group, rows // group, k.shape[2])
+    if scale != 1.0:
+        scores = scores * scale
+    probs = jax.nn.softmax(scores + score_bias[:, None, None, :, :], axis=-1)
+    return probs.reshape(batch, kv_heads, rows, k.shape[2])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array, scale: float,
+                      group: int) -> jax.Array:
+    """softmax(scale * q k^T + bias) v per (batch row, key/value head): q[B, K, G*T, Dh] (the G
+    query heads of each key/value head stacked, head-major), k, v[B, K, S, Dh], score_bias
+    f32[B, T, S] -> [B, K, G*T, Dh]. Not differentiable in score_bias.
+
+    The backward pass is written out: dS = P * (dP - rowsum(dO * O)) (the row sum over Dh
+    rather than over the keys), and the two products that contract over queries take P and dS
+    transposed, so every product is a plain batched matmul. Autodiff of the forward fuses a
+    reduction into a matmul and leaves two products with transposed operands, which XLA:CPU
+    runs about 1.5x slower in all. Same values as autodiff up to float rounding."""
+    return _grouped_attention_fwd(q, k, v, score_bias, scale, group)[0]
+
+
+def _grouped_attention_fwd(q, k, v, score_bias, scale, group):
+    probs = _attention_probs(q, k, score_bias, scale, group).astype(q.dtype)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    return out, (q, k, v, probs, out)
+
+
+def _grouped_attention_bwd(scale, group, residuals, d_out):
+    q, k, v, probs, out = residuals
+    d_v = jnp.einsum("bksq,bkqd->bksd", probs.swapaxes(2, 3), d_out)
+    d_probs = jnp.einsum("bkqd,bksd->bkqs", d_out, v, preferred_element_type=jnp.float32)
+    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_scores = probs.astype(jnp.float32) * (d_probs - row)
+    if scale != 1.0:
+        d_scores = d_scores * scale
+    d_scores = d_scores.astype(q.dtype)
+    d_q = jnp.einsum("bkqs,bksd->bkqd", d_scores, k)
+    d_k = jnp.einsum("bksq,bkqd->bksd", d_scores.swapaxes(2, 3), q)
+    return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
+
 
 def causal_mask(batch_size: int, length: int, cache_length: int, cache_index: jax.Array) -> jax.Array:
     """bool[B, T, S]: query t (at cache position cache_index + t) sees keys s <= cache_index + t."""

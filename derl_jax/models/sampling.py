@@ -168,6 +168,16 @@ def gumbel_noise(key: jax.Array, steps: int, shape: tuple[int, ...]) -> jax.Arra
     return jax.vmap(lambda i: step_gumbel_noise(key, i, shape))(jnp.arange(steps, dtype=jnp.int32))
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """i32[...]: `jnp.argmax(x, axis=-1)` of f32[..., V] (the first index of the largest value; a
+    NaN counts as the largest), written as two plain reductions, a max and then the smallest
+    index holding it. XLA:CPU runs argmax's paired (value, index) reduction several times
+    slower, and the sampler takes one per decode step."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where((x == top) | jnp.isnan(x), index, x.shape[-1]), axis=-1)
+
+
 def _decode_step(logits, constraint, constraint_state, done, noise, *, temperature, top_k,
                  eos_id, pad_id):
     """Choose one token per row from next-token logits f32[B, V] and update the row states.
@@ -181,9 +191,9 @@ def _decode_step(logits, constraint, constraint_state, done, noise, *, temperatu
         allowed = constraint.allowed(constraint_state) | done[:, None]
     scaled = _filter_logits(logits, allowed, top_k) / temperature
     if noise is None:
-        token = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+        token = first_argmax(scaled)
     else:
-        token = jnp.argmax(noise + scaled, axis=-1).astype(jnp.int32)
+        token = first_argmax(noise + scaled)
     live = ~done
     emitted = jnp.where(live, token, pad_id).astype(jnp.int32)
     logprob = jnp.where(live, _token_logprob(logits, token), 0.0)
