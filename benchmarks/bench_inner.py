@@ -180,6 +180,19 @@ def jax_rows(args) -> tuple[list[dict], dict]:
     data_mesh = make_mesh(1, devices, 1) if devices > 1 and per_candidate % devices == 0 else None
     data_loop = make_inner_loop(domain, graphdef, InnerConfig(**base), data_mesh) if data_mesh is not None else None
     rows, cache, retime = [], {}, []
+
+    def mode_timer(mode, chunk, programs, keys):
+        """() -> (compile s, run s, metrics, MiB) of one mode on these candidates."""
+        if mode == "loop_data":
+            return lambda: time_data_parallel(data_loop, data_mesh, params, programs, keys, domain.train,
+                                              args.repeats, cache)
+        if mode in ("loop", "loop_devices"):
+            return lambda: time_loop(loops[0], params, programs, keys, domain.train, args.repeats, cache,
+                                     jax.devices() if mode == "loop_devices" else None)
+        if mode == "sharded":
+            return lambda: time_batched(sharded_loop, params, programs, keys, domain.train, args.repeats, mesh)
+        return lambda: time_batched(loops[chunk], params, programs, keys, domain.train, args.repeats)
+
     for count in args.candidates:
         programs = programs_for(count, domain.primitive_names)
         keys = jax.random.split(jax.random.key(1), count)
@@ -196,19 +209,8 @@ def jax_rows(args) -> tuple[list[dict], dict]:
         if mesh is not None and count > 1:
             modes.append(("loop_devices", 0))
         for mode, chunk in modes:
-            if mode == "loop_data":
-                compile_s, run_s, metrics, mib = time_data_parallel(data_loop, data_mesh, params, programs, keys,
-                                                                    domain.train, args.repeats, cache)
-            elif mode in ("loop", "loop_devices"):
-                compile_s, run_s, metrics, mib = time_loop(loops[0], params, programs, keys, domain.train,
-                                                           args.repeats, cache,
-                                                           jax.devices() if mode == "loop_devices" else None)
-            elif mode == "sharded":
-                compile_s, run_s, metrics, mib = time_batched(sharded_loop, params, programs, keys, domain.train,
-                                                              args.repeats, mesh)
-            else:
-                compile_s, run_s, metrics, mib = time_batched(loops[chunk], params, programs, keys, domain.train,
-                                                              args.repeats)
+            timer = mode_timer(mode, chunk, programs, keys)
+            compile_s, run_s, metrics, mib = timer()
             tokens = float(np.sum(np.asarray(metrics["response_length"]))) * per_candidate
             rows.append({
                 "K": count, "mode": mode, "chunk": chunk, "compile_s": round(compile_s, 2),
@@ -217,12 +219,8 @@ def jax_rows(args) -> tuple[list[dict], dict]:
                 "exec_mib": mib,
             })
             print(rows[-1], flush=True)
-            if count == 1 and mode == "loop":
-                retime.append((rows[-1], lambda p=programs, k=keys: time_loop(
-                    loops[0], params, p, k, domain.train, args.repeats, cache)[1]))
-            elif count == 1 and mode == "loop_data":
-                retime.append((rows[-1], lambda p=programs, k=keys: time_data_parallel(
-                    data_loop, data_mesh, params, p, k, domain.train, args.repeats, cache)[1]))
+            if count == 1 and mode in ("loop", "loop_data"):   # compiled once: timing again costs no compile
+                retime.append((rows[-1], lambda timer=timer: timer()[1]))
     for count in args.candidates:
         of_k = [r for r in rows if r["K"] == count]
         loop_s = min(r["run_s"] for r in of_k if r["mode"] in ("loop", "loop_devices", "loop_data"))
