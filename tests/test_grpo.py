@@ -2,6 +2,7 @@
 
 import functools
 import math
+import re
 
 import chex
 import jax
@@ -329,6 +330,92 @@ def test_indivisible_minibatches_raise():
         grpo.grpo_update(
             params, optimizer.init(params), batch, jax.random.key(0), linear_softmax_logprobs, optimizer, cfg
         )
+
+
+@pytest.mark.parametrize("mode", grpo.LOSS_AGGREGATIONS)
+def test_token_weights_make_shards_add_up_to_the_whole(mode):
+    rng = np.random.default_rng(3)
+    values = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
+    mask = jnp.asarray(rng.random((6, 5)) < 0.6).at[2].set(False)  # one empty sequence
+    weights = grpo.token_weights(mask, mode)
+    assert np.all(np.asarray(weights)[~np.asarray(mask)] == 0.0)
+    shards = sum(float(grpo.weighted_sum(values[rows], weights[rows])) for rows in (slice(0, 2), slice(2, 4), slice(4, 6)))
+    assert shards == pytest.approx(float(grpo.aggregate(values, mask, mode)), rel=1e-6)
+    # a NaN where the mask is False does not leak into the sum
+    poisoned = jnp.where(mask, values, jnp.nan)
+    assert float(grpo.aggregate(poisoned, mask, mode)) == pytest.approx(float(grpo.aggregate(values, mask, mode)))
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, 48, grpo.GRAD_BUCKET_BYTES])
+def test_sum_over_shards_equals_the_leafwise_sum(bucket_bytes):
+    rng = np.random.default_rng(4)
+    tree = {"a": rng.normal(size=(3, 4, 5)), "b": rng.normal(size=(3,)), "c": rng.normal(size=(3, 7)),
+            "d": rng.normal(size=(3, 2, 2))}
+    tree = {name: jnp.asarray(leaf, jnp.bfloat16 if name == "c" else jnp.float32) for name, leaf in tree.items()}
+    summed = jax.jit(functools.partial(grpo.sum_over_shards, bucket_bytes=bucket_bytes))(tree)
+    for name, leaf in tree.items():
+        assert summed[name].shape == leaf.shape[1:] and summed[name].dtype == leaf.dtype
+        want = np.asarray(leaf, np.float32).sum(axis=0)
+        np.testing.assert_allclose(np.asarray(summed[name], np.float32), want, rtol=1e-2 if name == "c" else 1e-6)
+
+
+@pytest.mark.parametrize("loss_agg, minibatches", [("token_mean", 1), ("seq_mean_token_mean", 2),
+                                                   ("seq_mean_token_sum", 1)])
+def test_an_update_split_into_row_shards_equals_the_whole_batch_update(loss_agg, minibatches):
+    cfg = grpo.GRPOConfig(optimizer="adam", learning_rate=0.05, epochs=2, minibatches=minibatches, kl_coef=0.1,
+                          loss_agg=loss_agg, max_grad_norm=0.5)
+    params, batch = make_batch(6, n=8, t=5, ratio_noise=0.3)
+    batch["mask"] = batch["mask"].at[3, 1:].set(False)  # uneven lengths, so the weights matter
+    optimizer = grpo.make_optimizer(cfg)
+
+    def update(shards):
+        return jax.jit(functools.partial(grpo.grpo_update, logprob_fn=linear_softmax_logprobs, optimizer=optimizer,
+                                         cfg=cfg, data_shards=shards))(params, optimizer.init(params), batch,
+                                                                       jax.random.key(5))
+
+    (whole, _, whole_metrics), (split, _, split_metrics) = update(1), update(4 // minibatches)
+    assert not np.allclose(np.asarray(whole["w"]), np.asarray(params["w"]))
+    np.testing.assert_allclose(np.asarray(split["w"]), np.asarray(whole["w"]), rtol=1e-5, atol=1e-6)
+    assert set(split_metrics) == set(whole_metrics)
+    for name in whole_metrics:
+        np.testing.assert_allclose(float(split_metrics[name]), float(whole_metrics[name]), rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
+    with pytest.raises(ValueError, match="do not split into data_shards=3"):
+        grpo.grpo_update(params, optimizer.init(params), batch, jax.random.key(5), linear_softmax_logprobs,
+                         optimizer, cfg, data_shards=3)
+
+
+def test_on_a_data_mesh_the_gradient_is_reduced_as_one_flat_buffer():
+    """Rows over a 'data' axis of 2 devices: the update's only floating-point all-reduce carries
+    every gradient entry in one array (plus scalars), and the result equals one device's."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    from derl_jax.parallel import make_mesh
+    from derl_jax.rl.placement import update_split
+
+    cfg = grpo.GRPOConfig(optimizer="adam", learning_rate=0.05, kl_coef=0.1)
+    params, batch = make_batch(7, n=8, t=4, ratio_noise=0.3)
+    params = dict(params, bias=jnp.arange(VOCAB, dtype=jnp.float32) * 0.1)
+    optimizer = grpo.make_optimizer(cfg)
+    mesh = make_mesh(1, 2, 1, devices=jax.devices()[:2])
+    split = update_split(mesh, 8)
+    assert split["data_shards"] == 2 and update_split(mesh, 6, group=2) == {"data_shards": 1}
+
+    def logprobs(p, rows):
+        return linear_softmax_logprobs({"w": p["w"] + p["bias"]}, rows)
+
+    def update(p, b, **kwargs):
+        return grpo.grpo_update(p, optimizer.init(p), b, jax.random.key(0), logprobs, optimizer, cfg, **kwargs)
+
+    placed = jax.device_put(batch, NamedSharding(mesh, PartitionSpec("data")))
+    replicated = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    compiled = jax.jit(functools.partial(update, **split)).lower(replicated, placed).compile()
+    reductions = [line for line in compiled.as_text().splitlines() if " all-reduce(" in line and "f32[" in line]
+    assert len(reductions) == 1, reductions
+    buffers = [int(size) for size in re.findall(r"f32\[(\d+)\]", reductions[0].split("all-reduce(")[0])]
+    assert max(buffers) >= DIM * VOCAB + VOCAB, reductions  # w and bias in one flat buffer
+    got, want = compiled(replicated, placed), jax.jit(update)(params, batch)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
 def test_update_jits_and_vmaps_over_policies():

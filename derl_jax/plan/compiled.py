@@ -37,6 +37,7 @@ from derl_jax.models.sampling import prefill, sample, sequence_logprobs
 from derl_jax.plan import analytic
 from derl_jax.plan.analytic import RunShape
 from derl_jax.rl.grpo import GRPOConfig, grpo_update, make_optimizer
+from derl_jax.rl.placement import update_split
 
 PAD_ID = 0
 NEVER_EOS = -1  # outside the vocabulary: every row decodes all T tokens (the worst case)
@@ -70,8 +71,9 @@ def logprob_fn(graphdef, group: int) -> Callable:
     return fn
 
 
-def candidate_functions(shape: RunShape, graphdef) -> dict[str, Callable]:
-    """{piece: function of one candidate's arrays}, the calls the inner loop makes."""
+def candidate_functions(shape: RunShape, graphdef, mesh: Mesh | None = None) -> dict[str, Callable]:
+    """{piece: function of one candidate's arrays}, the calls the inner loop makes on `mesh`
+    (the update cuts its rows over 'data' as the loop does, `placement.update_split`)."""
     grpo = grpo_config(shape)
     optimizer = make_optimizer(grpo)
     # remat only changes the backward pass; forward-only pieces run the same model without it
@@ -84,8 +86,11 @@ def candidate_functions(shape: RunShape, graphdef) -> dict[str, Callable]:
     def reference_one(params, batch):
         return logprob_fn(forward_graphdef, shape.prefill_group)(params, batch)[0]
 
+    data_split = update_split(mesh, shape.update_rows // shape.minibatches, shape.update_group)
+
     def update_one(params, opt_state, batch, key):
-        return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, shape.update_group), optimizer, grpo)
+        return grpo_update(params, opt_state, batch, key, logprob_fn(graphdef, shape.update_group), optimizer, grpo,
+                           **data_split)
 
     return {"sample": sample_one, "reference": reference_one, "update": update_one}
 
@@ -162,7 +167,7 @@ def compile_pieces(shape: RunShape, mesh: Mesh | None = None) -> dict[str, Any]:
     graphdef, params, opt_state = abstract_policy(shape)
     cand = shape.mesh[0] if mesh is not None else 1
     count = -(-min(shape.in_flight, analytic.padded_candidates(shape)) // cand) * cand
-    fns = candidate_functions(shape, graphdef)
+    fns = candidate_functions(shape, graphdef, mesh)
     spmd = "cand" if mesh is not None else None
     stacked_params = _stacked(params, count, _specs(params, mesh, False), mesh)
     stacked_opt = _stacked(opt_state, count, _specs(opt_state, mesh, False), mesh)

@@ -8,14 +8,23 @@ Pieces, each usable on its own:
   group_advantages    per-group centring (and optional std scaling; Dr.GRPO drops it)
   clipped_surrogate   PPO-style clipped policy-gradient loss per token
   kl_estimate         k1 / k2 / k3 estimators of KL(policy || reference) per token
+  token_weights       the per-token weights that make each normalisation a weighted sum
   aggregate           token-level -> scalar loss under three normalisations
   grpo_loss           the full objective for a caller-supplied `logprob_fn`
   grpo_update         epochs x minibatches optimizer steps inside one `lax.scan`
+
+Rows split over a 'data' mesh axis (`grpo_update(..., data_shards=D)`): every loss term is a
+weighted sum over tokens whose weights depend only on the whole minibatch's mask, so the
+minibatch is cut into D row shards, each shard's gradient is taken with the global weights
+(a `vmap` over shards told `spmd_axis_name`), and the D gradients are summed. The sum runs
+over gradients packed into a few flat buffers (`sum_over_shards`), which a mesh reduces with
+one all-reduce per buffer instead of one per parameter array.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import chex
@@ -31,6 +40,9 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 
 # k3 exponentiates the log-ratio; beyond |20| exp() over/underflows float32 gradients.
 K3_LOG_RATIO_BOUND = 20.0
+
+# gradients summed over row shards are packed into flat buffers of at most this many bytes
+GRAD_BUCKET_BYTES = 25 * 2**20
 
 LogprobFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
 
@@ -93,6 +105,19 @@ def ratio_and_clip(
     return ratio, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
 
 
+def _surrogate_and_clip_mask(logp, old_logp, advantages, mask, clip_low, clip_high):
+    """(per-token clipped loss f32[N, T], 0 off the mask; bool[N, T] where the clip is the smaller term)."""
+    mask = jnp.asarray(mask, bool)
+    chex.assert_equal_shape([logp, old_logp, mask])
+    chex.assert_shape(advantages, logp.shape[:1])
+    ratio, clipped = ratio_and_clip(logp, old_logp, clip_low=clip_low, clip_high=clip_high)
+    adv = jnp.asarray(advantages, jnp.float32)[:, None]
+    unclipped_loss = -ratio * adv
+    clipped_loss = -clipped * adv
+    per_token = jnp.where(mask, jnp.maximum(unclipped_loss, clipped_loss), 0.0)
+    return per_token, mask & (clipped_loss > unclipped_loss)
+
+
 def clipped_surrogate(
     logp: jax.Array,
     old_logp: jax.Array,
@@ -109,15 +134,7 @@ def clipped_surrogate(
     clip_fraction f32[] = share of valid tokens where the clipped term is the smaller one,
     i.e. where clipping cuts the gradient).
     """
-    mask = jnp.asarray(mask, bool)
-    chex.assert_equal_shape([logp, old_logp, mask])
-    chex.assert_shape(advantages, logp.shape[:1])
-    ratio, clipped = ratio_and_clip(logp, old_logp, clip_low=clip_low, clip_high=clip_high)
-    adv = jnp.asarray(advantages, jnp.float32)[:, None]
-    unclipped_loss = -ratio * adv
-    clipped_loss = -clipped * adv
-    per_token = jnp.where(mask, jnp.maximum(unclipped_loss, clipped_loss), 0.0)
-    clip_active = mask & (clipped_loss > unclipped_loss)
+    per_token, clip_active = _surrogate_and_clip_mask(logp, old_logp, advantages, mask, clip_low, clip_high)
     clip_fraction = jnp.sum(clip_active) / jnp.maximum(jnp.sum(mask), 1)
     return per_token, clip_fraction.astype(jnp.float32)
 
@@ -144,6 +161,37 @@ def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.A
     raise ValueError(f"kl_estimate: kind must be one of {KL_KINDS}, got {kind!r}")
 
 
+def token_weights(mask: jax.Array, mode: str = "token_mean") -> jax.Array:
+    """f32[N, T] weights w, 0 off the mask, with aggregate(x, mask, mode) = sum(w * x):
+
+    token_mean:          1 / (number of valid tokens)
+    seq_mean_token_mean: 1 / (the sequence's valid tokens * the number of non-empty sequences)
+    seq_mean_token_sum:  1 / (the number of non-empty sequences)
+
+    The weights of a batch depend on all of its rows, so the rows may be cut into shards
+    afterwards: the weighted sums of the shards add up to the whole batch's.
+    """
+    mask = jnp.asarray(mask, bool)
+    chex.assert_rank(mask, 2)
+    tokens_per_seq = jnp.sum(mask, axis=-1, keepdims=True)
+    if mode == "token_mean":
+        scale = 1.0 / jnp.maximum(jnp.sum(tokens_per_seq), 1)
+    elif mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        scale = 1.0 / jnp.maximum(jnp.sum(tokens_per_seq > 0), 1)
+        if mode == "seq_mean_token_mean":
+            scale = scale / jnp.maximum(tokens_per_seq, 1)
+    else:
+        raise ValueError(f"aggregate: mode must be one of {LOSS_AGGREGATIONS}, got {mode!r}")
+    return jnp.where(mask, scale, 0.0).astype(jnp.float32)
+
+
+def weighted_sum(per_token: jax.Array, weights: jax.Array) -> jax.Array:
+    """f32[]: sum of per_token f32[N, T] times weights f32[N, T], tokens of weight 0 left out
+    (so a NaN or inf there cannot leak in)."""
+    chex.assert_equal_shape([per_token, weights])
+    return jnp.sum(jnp.where(weights != 0, per_token * weights, 0.0))
+
+
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean") -> jax.Array:
     """Reduce f32[N, T] over the valid tokens of bool[N, T] mask to f32[].
 
@@ -153,21 +201,8 @@ def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean") -
     Sequences without valid tokens are left out of the mean over sequences; with no valid
     token at all the result is 0.
     """
-    mask = jnp.asarray(mask, bool)
     chex.assert_equal_shape([per_token, mask])
-    values = jnp.where(mask, per_token, 0.0)
-    if mode == "token_mean":
-        return jnp.sum(values) / jnp.maximum(jnp.sum(mask), 1)
-    tokens_per_seq = jnp.sum(mask, axis=-1)
-    seq_sum = jnp.sum(values, axis=-1)
-    if mode == "seq_mean_token_mean":
-        per_seq = seq_sum / jnp.maximum(tokens_per_seq, 1)
-    elif mode == "seq_mean_token_sum":
-        per_seq = seq_sum
-    else:
-        raise ValueError(f"aggregate: mode must be one of {LOSS_AGGREGATIONS}, got {mode!r}")
-    nonempty = tokens_per_seq > 0
-    return jnp.sum(jnp.where(nonempty, per_seq, 0.0)) / jnp.maximum(jnp.sum(nonempty), 1)
+    return weighted_sum(per_token, token_weights(mask, mode))
 
 
 # ----------------------------------------------------------------------------- config
@@ -273,14 +308,27 @@ def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
 # ----------------------------------------------------------------------------- loss and update
 
 
+def loss_weights(mask: jax.Array, cfg: GRPOConfig) -> dict[str, jax.Array]:
+    """The token weights of one (mini)batch's loss and metrics, from its whole mask bool[N, T]:
+    {"loss": under cfg.loss_agg, "token": token_mean}, each f32[N, T]."""
+    return {"loss": token_weights(mask, cfg.loss_agg), "token": token_weights(mask, "token_mean")}
+
+
 def grpo_loss(
-    params: Any, batch: Mapping[str, jax.Array], logprob_fn: LogprobFn, cfg: GRPOConfig
+    params: Any,
+    batch: Mapping[str, jax.Array],
+    logprob_fn: LogprobFn,
+    cfg: GRPOConfig,
+    weights: Mapping[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO objective on one (mini)batch.
 
     batch: old_logp f32[N, T], advantages f32[N], mask bool[N, T], ref_logp f32[N, T]
       (may be absent when cfg.kl_coef == 0), plus whatever `logprob_fn` reads.
     logprob_fn(params, batch) -> (logp f32[N, T] of the sampled tokens, entropy f32[N, T]).
+    weights: `loss_weights` of the batch these rows belong to; None: of these rows. Given the
+      whole batch's weights, a shard of its rows returns its share of the batch's loss and
+      metrics (the shares add up).
     Returns (loss f32[], metrics) where loss = aggregate(pg + kl_coef * kl, mask, cfg.loss_agg)
     and metrics loss, pg_loss, kl, entropy, clip_fraction (pg_loss/kl/entropy are means over
     valid tokens).
@@ -292,12 +340,12 @@ def grpo_loss(
     chex.assert_rank(mask, 2)
     chex.assert_shape(batch["advantages"], mask.shape[:1])
     chex.assert_shape(batch["old_logp"], mask.shape)
+    weights = loss_weights(mask, cfg) if weights is None else weights
     logp, entropy = logprob_fn(params, batch)
     chex.assert_shape([logp, entropy], mask.shape)
     chex.assert_type([logp, entropy], jnp.float32)
-    pg, clip_fraction = clipped_surrogate(
-        logp, batch["old_logp"], batch["advantages"], mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high
-    )
+    pg, clip_active = _surrogate_and_clip_mask(logp, batch["old_logp"], batch["advantages"], mask,
+                                               cfg.clip_low, cfg.clip_high)
     if cfg.kl_coef > 0:
         if "ref_logp" not in batch:
             raise KeyError(f"grpo_loss: kl_coef={cfg.kl_coef} needs batch['ref_logp']; keys: {sorted(batch)}")
@@ -306,15 +354,46 @@ def grpo_loss(
         kl = jax.lax.stop_gradient(jnp.where(mask, kl_estimate(logp, batch["ref_logp"], cfg.kl_kind), 0.0))
     else:
         kl = jnp.zeros_like(pg)
-    loss = aggregate(pg + cfg.kl_coef * kl, mask, cfg.loss_agg)
+    loss = weighted_sum(pg + cfg.kl_coef * kl, weights["loss"])
     metrics = {
         "loss": loss,
-        "pg_loss": aggregate(pg, mask, "token_mean"),
-        "kl": aggregate(kl, mask, "token_mean"),
-        "entropy": aggregate(jax.lax.stop_gradient(entropy), mask, "token_mean"),
-        "clip_fraction": clip_fraction,
+        "pg_loss": weighted_sum(pg, weights["token"]),
+        "kl": weighted_sum(kl, weights["token"]),
+        "entropy": weighted_sum(jax.lax.stop_gradient(entropy), weights["token"]),
+        "clip_fraction": weighted_sum(clip_active.astype(jnp.float32), weights["token"]),
     }
     return loss, jax.tree_util.tree_map(jax.lax.stop_gradient, metrics)
+
+
+def sum_over_shards(tree: Any, bucket_bytes: int = GRAD_BUCKET_BYTES) -> Any:
+    """The sum over the leading axis D of every leaf of `tree` ([D, ...] -> [...]).
+
+    Leaves are packed, in order, into flat f32 buffers of at most `bucket_bytes` (a leaf larger
+    than that gets one of its own) and each buffer is summed as one array: when D is a mesh
+    axis that is one all-reduce per buffer, not one per leaf. `bucket_bytes` = 0 sums every
+    leaf on its own (for leaves sharded over another mesh axis, which a flat buffer would
+    gather).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if bucket_bytes <= 0:
+        return jax.tree_util.tree_unflatten(treedef, [leaf.sum(axis=0) for leaf in leaves])
+    sizes = [math.prod(leaf.shape[1:]) for leaf in leaves]
+    buckets, filled = [[]], 0
+    for index, size in enumerate(sizes):
+        if buckets[-1] and (filled + size) * 4 > bucket_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(index)
+        filled += size
+    summed = [None] * len(leaves)
+    for bucket in buckets:
+        total = jnp.concatenate([leaves[i].reshape(leaves[i].shape[0], -1).astype(jnp.float32) for i in bucket],
+                                axis=1).sum(axis=0)
+        start = 0
+        for i in bucket:
+            summed[i] = total[start:start + sizes[i]].reshape(leaves[i].shape[1:]).astype(leaves[i].dtype)
+            start += sizes[i]
+    return jax.tree_util.tree_unflatten(treedef, summed)
 
 
 def minibatch_indices(key: jax.Array, num_rows: int, epochs: int, minibatches: int) -> jax.Array:
@@ -343,6 +422,10 @@ def grpo_update(
     logprob_fn: LogprobFn,
     optimizer: optax.GradientTransformation,
     cfg: GRPOConfig,
+    *,
+    data_shards: int = 1,
+    data_axis: str | None = None,
+    bucket_bytes: int = GRAD_BUCKET_BYTES,
 ) -> tuple[Any, optax.OptState, dict[str, jax.Array]]:
     """cfg.epochs passes over a rollout batch, cfg.minibatches optimizer steps per pass.
 
@@ -351,6 +434,12 @@ def grpo_update(
     step sees the batch in its given order). All steps run in one `lax.scan`, so the function
     jit-compiles once and vmaps over independent policies (params, opt_state, batch, key with
     a leading axis).
+
+    data_shards = D > 1 cuts each minibatch into D consecutive row shards (the layout of rows
+    sharded over a mesh axis, named by `data_axis`), takes each shard's gradient under the whole
+    minibatch's loss weights and sums them with `sum_over_shards(..., bucket_bytes)` (module
+    docstring). The result equals D = 1 up to float rounding. `logprob_fn` then sees N / (M*D)
+    rows at a time.
     Returns (params, opt_state, metrics averaged over the steps, with grad_norm added).
     """
     if "mask" not in batch:
@@ -362,12 +451,24 @@ def grpo_update(
                 f"grpo_update: batch[{name!r}] has shape {jnp.shape(leaf)}, expected leading axis N={num_rows}"
             )
     order = minibatch_indices(key, num_rows, cfg.epochs, cfg.minibatches)
+    if data_shards < 1 or order.shape[1] % data_shards:
+        raise ValueError(f"grpo_update: minibatches of {order.shape[1]} rollouts do not split into "
+                         f"data_shards={data_shards} equal parts")
     grad_fn = jax.grad(grpo_loss, has_aux=True)
+
+    def minibatch_grads(params, minibatch):
+        weights = loss_weights(minibatch["mask"], cfg)
+        if data_shards == 1:
+            return grad_fn(params, minibatch, logprob_fn, cfg, weights)
+        split = lambda x: x.reshape(data_shards, x.shape[0] // data_shards, *x.shape[1:])
+        shard_grads = jax.vmap(lambda rows, w: grad_fn(params, rows, logprob_fn, cfg, w), spmd_axis_name=data_axis)
+        per_shard = shard_grads(*jax.tree_util.tree_map(split, (dict(minibatch), weights)))
+        return sum_over_shards(per_shard, bucket_bytes)
 
     def step(carry, rows):
         params, opt_state = carry
         minibatch = batch if cfg.minibatches == 1 else {name: leaf[rows] for name, leaf in batch.items()}
-        grads, metrics = grad_fn(params, minibatch, logprob_fn, cfg)
+        grads, metrics = minibatch_grads(params, minibatch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = dict(metrics, grad_norm=optax.global_norm(grads))

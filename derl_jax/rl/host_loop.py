@@ -94,7 +94,7 @@ from derl_jax.rl.config import InnerConfig, metric_names, progress
 from derl_jax.rl.grpo import GRPOConfig, grpo_update, make_optimizer
 from derl_jax.rl.host_pool import HostPrimitiveRunner
 from derl_jax.rl.loop import rewards_and_advantages
-from derl_jax.rl.placement import candidate_slices, optimizer_state_shardings, place_params
+from derl_jax.rl.placement import candidate_slices, optimizer_state_shardings, place_params, update_split
 from derl_jax.rl.host_batches import HostSplit, batch_schedule, unstack_programs
 from derl_jax.rl.rollout import Rollouts, completion_logprobs, sample_rollouts
 
@@ -107,8 +107,9 @@ _log = logging.getLogger(__name__)
 
 def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, params: nnx.State, opt_state: Any,
                       program: Program, prims: jax.Array, progress: jax.Array, rollouts: Rollouts,
-                      ref_logp: jax.Array | None, key: jax.Array) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
-    """Rewards of `program` on prims f32[N, P] at progress u, group advantages, one GRPO update.
+                      ref_logp: jax.Array | None, key: jax.Array, **data_split) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+    """Rewards of `program` on prims f32[N, P] at progress u, group advantages, one GRPO update
+    (`data_split`: how it cuts rows over 'data', `derl_jax.rl.placement.update_split`).
 
     Returns (params, opt_state, metrics: reward_mean, nonfinite, entropy, clip_fraction, loss,
     grad_norm, and kl when `ref_logp` is given).
@@ -124,7 +125,8 @@ def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, param
         return sampling.sequence_logprobs(graphdef, p, rows["prompts"], rows["prompt_mask"], rows["completions"],
                                           rows["mask"])
 
-    params, opt_state, metrics = grpo_update(params, opt_state, batch, key, logprob_fn, optimizer, grpo)
+    params, opt_state, metrics = grpo_update(params, opt_state, batch, key, logprob_fn, optimizer, grpo,
+                                             **data_split)
     metrics = {name: metrics[name] for name in ("entropy", "clip_fraction", "loss", "grad_norm")
                + (("kl",) if ref_logp is not None else ())}
     metrics.update(reward_mean=jnp.mean(rewards), nonfinite=nonfinite.astype(jnp.float32))
@@ -141,6 +143,7 @@ class PolicyFunctions:
             raise ValueError(f"PolicyFunctions: the mesh needs axes 'data' and 'model', has {mesh.axis_names}")
         self.mesh = mesh
         self.optimizer = make_optimizer(grpo)
+        self.minibatches = grpo.minibatches
         decode = dict(max_new_tokens=int(max_new_tokens), eos_id=int(eos_id), pad_id=int(pad_id),
                       stop_ids=tuple(int(s) for s in stop_ids), top_k=int(top_k))
         self._sample = jax.jit(functools.partial(sample_rollouts, graphdef, temperature=float(temperature),
@@ -188,9 +191,11 @@ class PolicyFunctions:
         """(params, opt_state, metrics) after one GRPO update; params and opt_state are donated and
         come back with the shardings they went in with (one compiled version per placement)."""
         shardings = (jax.tree.map(lambda x: x.sharding, params), jax.tree.map(lambda x: x.sharding, opt_state))
-        signature = tuple(jax.tree.leaves(shardings))
+        data_split = update_split(self.mesh, rollouts.mask.shape[0] // self.minibatches)
+        signature = (tuple(jax.tree.leaves(shardings)), tuple(sorted(data_split.items())))
         if signature not in self._updates:
-            self._updates[signature] = jax.jit(self._update_fn, donate_argnums=(0, 1), out_shardings=(*shardings, None))
+            self._updates[signature] = jax.jit(functools.partial(self._update_fn, **data_split), donate_argnums=(0, 1),
+                                               out_shardings=(*shardings, None))
         return self._updates[signature](params, opt_state, program, self.rows(np.asarray(prims, np.float32)),
                                         jnp.float32(progress), rollouts, ref_logp, key)
 

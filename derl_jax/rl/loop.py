@@ -25,7 +25,9 @@ it runs K/c chunks one after another (`derl_jax.rl.placement.map_candidates`).
 
 Sharding: with a mesh (axes 'cand', 'data', 'model', see `derl_jax.parallel`) the candidate
 axis runs over 'cand' (the vmap is told `spmd_axis_name='cand'`) and every batch of prompts
-and rollouts inside a policy's loop is constrained to 'data'.
+and rollouts inside a policy's loop is constrained to 'data'. The update takes each data
+shard's gradient where its rows live and sums them in flat buffers
+(`derl_jax.rl.placement.update_split`).
 
 Host-scored domains ("host") train through `derl_jax.rl.host_loop` with the same config,
 update step, u and metric names; `make_evaluator` picks the driver from the domain.
@@ -54,7 +56,7 @@ from derl_jax.models.sampling import sequence_logprobs
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS
 from derl_jax.rl.config import InnerConfig, metric_names, progress
 from derl_jax.rl.grpo import group_advantages, grpo_update, make_optimizer, sanitize_rewards
-from derl_jax.rl.placement import leading_size, map_candidates, params_candidate_axis
+from derl_jax.rl.placement import leading_size, map_candidates, params_candidate_axis, update_split
 from derl_jax.rl.rollout import device_rollout
 
 _GREEDY_KEY_SEED = 0  # greedy decoding ignores the key; sample() still takes one
@@ -123,6 +125,8 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
     rollout = device_rollout(domain, graphdef, cfg, over_data)
     # rows [b*G, (b+1)*G) share a prompt; the update keeps that order only with one minibatch
     update_groups = rollout.prefill_group if cfg.grpo.minibatches == 1 else 1
+    minibatch_rows = cfg.rollouts_per_step * rollout.rows_per_episode // cfg.grpo.minibatches
+    data_split = update_split(mesh, minibatch_rows, update_groups)
 
     def completion_logprobs(params, update_batch, group_size=update_groups):
         return sequence_logprobs(graphdef, params, update_batch["prompts"], update_batch["prompt_mask"],
@@ -150,7 +154,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
                 update_batch["ref_logp"] = completion_logprobs(reference, update_batch, rollout.prefill_group)[0]
             update_batch = jax.lax.stop_gradient(update_batch)
             params, opt_state, update = grpo_update(params, opt_state, update_batch, update_key,
-                                                    completion_logprobs, optimizer, cfg.grpo)
+                                                    completion_logprobs, optimizer, cfg.grpo, **data_split)
             lengths = jnp.sum(update_batch["mask"], axis=-1).astype(jnp.float32)
             taken = jnp.any(update_batch["mask"], axis=-1)
             metrics = {"reward_mean": jnp.mean(rewards)}

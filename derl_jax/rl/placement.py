@@ -5,6 +5,7 @@
     run_mesh(cfg)                                             the ('cand', 'data', 'model') mesh of config.mesh
     candidate_slices(mesh)                                    one ('data', 'model') sub-mesh per 'cand' index
     place_params(params, mesh)                                policies onto the mesh (off it: parallel.gather_to_host)
+    update_split(mesh, rows, group)                           how a GRPO update cuts its rows over 'data'
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from derl_jax.models import transformer as tr
 from derl_jax.models.transformer import abstract_model, config_of
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh, put_global
+from derl_jax.rl.grpo import GRAD_BUCKET_BYTES
 
 
 def params_candidate_axis(graphdef: nnx.GraphDef, params: Any) -> int | None:
@@ -139,3 +141,20 @@ def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
     return optax.tree_map_params(
         optimizer, lambda _, sharding: sharding, jax.eval_shape(optimizer.init, params),
         jax.tree.map(lambda x: x.sharding, params), transform_non_params=lambda _: replicated)
+
+
+def update_split(mesh: Mesh | None, rows: int, group: int = 1) -> dict[str, Any]:
+    """Keyword arguments of `grpo.grpo_update` for minibatches of `rows` rows on `mesh`.
+
+    With a 'data' axis of size D > 1 that divides the minibatch into shards of whole groups of
+    `group` rows (the prefill groups `logprob_fn` relies on), each shard's gradient is taken
+    where its rows live and the gradients are summed in flat buffers; the buffers hold whole
+    parameters only while the 'model' axis is 1 (otherwise every parameter is summed on its
+    own, keeping its 'model' sharding). Otherwise D = 1: XLA reduces the gradient of the
+    sharded batch itself.
+    """
+    data = 1 if mesh is None else int(mesh.shape[DATA_AXIS])
+    if data == 1 or rows % (data * group):
+        return {"data_shards": 1}
+    flat = int(mesh.shape[MODEL_AXIS]) == 1
+    return {"data_shards": data, "data_axis": DATA_AXIS, "bucket_bytes": GRAD_BUCKET_BYTES if flat else 0}
