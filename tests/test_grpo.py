@@ -337,10 +337,13 @@ def test_token_weights_make_shards_add_up_to_the_whole(mode):
     rng = np.random.default_rng(3)
     values = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
     mask = jnp.asarray(rng.random((6, 5)) < 0.6).at[2].set(False)  # one empty sequence
-    weights = grpo.token_weights(mask, mode)
+    weights, count = grpo.token_weights(mask, mode)
     assert np.all(np.asarray(weights)[~np.asarray(mask)] == 0.0)
-    shards = sum(float(grpo.weighted_sum(values[rows], weights[rows])) for rows in (slice(0, 2), slice(2, 4), slice(4, 6)))
-    assert shards == pytest.approx(float(grpo.aggregate(values, mask, mode)), rel=1e-6)
+    shards = [grpo.token_weights(mask[rows], mode) for rows in (slice(0, 2), slice(2, 4), slice(4, 6))]
+    np.testing.assert_array_equal(np.concatenate([np.asarray(w) for w, _ in shards]), np.asarray(weights))
+    assert sum(float(c) for _, c in shards) == float(count) > 0
+    total = sum(float(grpo.weighted_sum(values[rows], weights[rows])) for rows in (slice(0, 2), slice(2, 4), slice(4, 6)))
+    assert total / float(count) == pytest.approx(float(grpo.aggregate(values, mask, mode)), rel=1e-6)
     # a NaN where the mask is False does not leak into the sum
     poisoned = jnp.where(mask, values, jnp.nan)
     assert float(grpo.aggregate(poisoned, mask, mode)) == pytest.approx(float(grpo.aggregate(values, mask, mode)))

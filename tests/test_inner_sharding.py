@@ -7,6 +7,7 @@ copies dropped), rollouts over 'data', and with a 'model' axis the weights are s
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import numpy as np
@@ -90,3 +91,23 @@ def test_a_chunk_size_that_the_cand_axis_does_not_divide_is_rejected():
         device_evaluator.DeviceEvaluator(domain, graphdef, INNER.replace(chunk_size=2), mesh=make_mesh(4, 2, 1))
     with pytest.raises(ValueError, match="6 rollouts per step do not split over the 'data' mesh axis of size 4"):
         loop.make_inner_loop(domain, graphdef, INNER.replace(prompts_per_step=3), make_mesh(2, 4, 1))
+
+
+def test_rows_over_data_meet_once_per_step():
+    """With rollouts over a 'data' axis of 2, a training step's only collective is the update's
+    one all-reduce of a flat buffer holding every gradient entry, metric sum and count: no
+    transfer of prompt rows, no count reduced before the gradient."""
+    domain, graphdef, params, programs, train, _ = setup()
+    mesh = make_mesh(1, 2, 1, devices=jax.devices()[:2])
+    inner = loop.make_inner_loop(domain, graphdef, INNER, mesh)
+    program = jax.tree_util.tree_map(lambda x: x[0], programs)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    args = jax.device_put((params, program, KEY, train), replicated)
+    text = jax.jit(inner.train).lower(*args).compile(FAST_COMPILE).as_text()
+    collectives = [line for line in text.splitlines()
+                   if any(f" {op}(" in line for op in ("all-reduce", "collective-permute", "all-gather", "all-to-all",
+                                                      "reduce-scatter", "all-reduce-start"))]
+    assert len(collectives) == 1 and " all-reduce(" in collectives[0], collectives
+    sizes = [int(size) for size in re.findall(r"f32\[(\d+)\]", collectives[0].split("all-reduce(")[0])]
+    num_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
+    assert max(sizes) > num_params, collectives

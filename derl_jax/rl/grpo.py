@@ -8,17 +8,19 @@ Pieces, each usable on its own:
   group_advantages    per-group centring (and optional std scaling; Dr.GRPO drops it)
   clipped_surrogate   PPO-style clipped policy-gradient loss per token
   kl_estimate         k1 / k2 / k3 estimators of KL(policy || reference) per token
-  token_weights       the per-token weights that make each normalisation a weighted sum
+  token_weights       each normalisation as a weighted token sum over a count
   aggregate           token-level -> scalar loss under three normalisations
   grpo_loss           the full objective for a caller-supplied `logprob_fn`
+  grpo_loss_sums      the same as sums over rows and their counts (shards add up)
   grpo_update         epochs x minibatches optimizer steps inside one `lax.scan`
 
 Rows split over a 'data' mesh axis (`grpo_update(..., data_shards=D)`): every loss term is a
-weighted sum over tokens whose weights depend only on the whole minibatch's mask, so the
-minibatch is cut into D row shards, each shard's gradient is taken with the global weights
-(a `vmap` over shards told `spmd_axis_name`), and the D gradients are summed. The sum runs
-over gradients packed into a few flat buffers (`sum_over_shards`), which a mesh reduces with
-one all-reduce per buffer instead of one per parameter array.
+weighted token sum divided by a count (`token_weights`), and weights and counts are per row,
+so the minibatch is cut into D row shards, each shard's gradient of the sum, metric sums and
+counts are taken where its rows live (a `vmap` over shards told `spmd_axis_name`), and all of
+them are summed over the shards before the division. The sum runs over everything packed into
+a few flat buffers (`sum_over_shards`), which a mesh reduces with one all-reduce per buffer
+instead of one per parameter array, and with no collective between sampling and gradient.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def sanitize_rewards(rewards: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     finite = jnp.isfinite(rewards)
-    return jnp.where(finite, rewards, 0.0), jnp.sum(~finite).astype(jnp.int32)
+    # counted in float32, so that rows sharded over devices are counted by a float all-reduce,
+    # which XLA can merge with the update's
+    return jnp.where(finite, rewards, 0.0), jnp.sum(~finite, dtype=jnp.float32).astype(jnp.int32)
 
 
 def group_advantages(
@@ -161,28 +165,28 @@ def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.A
     raise ValueError(f"kl_estimate: kind must be one of {KL_KINDS}, got {kind!r}")
 
 
-def token_weights(mask: jax.Array, mode: str = "token_mean") -> jax.Array:
-    """f32[N, T] weights w, 0 off the mask, with aggregate(x, mask, mode) = sum(w * x):
+def token_weights(mask: jax.Array, mode: str = "token_mean") -> tuple[jax.Array, jax.Array]:
+    """(weights f32[N, T], 0 off the mask; count f32[]) with
+    aggregate(x, mask, mode) = sum(weights * x) / max(count, 1):
 
-    token_mean:          1 / (number of valid tokens)
-    seq_mean_token_mean: 1 / (the sequence's valid tokens * the number of non-empty sequences)
-    seq_mean_token_sum:  1 / (the number of non-empty sequences)
+    token_mean:          weight 1,                               count: valid tokens
+    seq_mean_token_mean: weight 1 / (the sequence's valid tokens), count: non-empty sequences
+    seq_mean_token_sum:  weight 1,                               count: non-empty sequences
 
-    The weights of a batch depend on all of its rows, so the rows may be cut into shards
-    afterwards: the weighted sums of the shards add up to the whole batch's.
+    Weights are per row and the count is a sum over rows, so for a batch cut into row shards
+    the shards' weighted sums and counts add up to the batch's.
     """
     mask = jnp.asarray(mask, bool)
     chex.assert_rank(mask, 2)
     tokens_per_seq = jnp.sum(mask, axis=-1, keepdims=True)
     if mode == "token_mean":
-        scale = 1.0 / jnp.maximum(jnp.sum(tokens_per_seq), 1)
+        weight, count = 1.0, jnp.sum(tokens_per_seq)
     elif mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
-        scale = 1.0 / jnp.maximum(jnp.sum(tokens_per_seq > 0), 1)
-        if mode == "seq_mean_token_mean":
-            scale = scale / jnp.maximum(tokens_per_seq, 1)
+        count = jnp.sum(tokens_per_seq > 0)
+        weight = 1.0 / jnp.maximum(tokens_per_seq, 1) if mode == "seq_mean_token_mean" else 1.0
     else:
         raise ValueError(f"aggregate: mode must be one of {LOSS_AGGREGATIONS}, got {mode!r}")
-    return jnp.where(mask, scale, 0.0).astype(jnp.float32)
+    return jnp.where(mask, weight, 0.0).astype(jnp.float32), count.astype(jnp.float32)
 
 
 def weighted_sum(per_token: jax.Array, weights: jax.Array) -> jax.Array:
@@ -202,7 +206,8 @@ def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean") -
     token at all the result is 0.
     """
     chex.assert_equal_shape([per_token, mask])
-    return weighted_sum(per_token, token_weights(mask, mode))
+    weights, count = token_weights(mask, mode)
+    return weighted_sum(per_token, weights) / jnp.maximum(count, 1.0)
 
 
 # ----------------------------------------------------------------------------- config
@@ -308,30 +313,16 @@ def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
 # ----------------------------------------------------------------------------- loss and update
 
 
-def loss_weights(mask: jax.Array, cfg: GRPOConfig) -> dict[str, jax.Array]:
-    """The token weights of one (mini)batch's loss and metrics, from its whole mask bool[N, T]:
-    {"loss": under cfg.loss_agg, "token": token_mean}, each f32[N, T]."""
-    return {"loss": token_weights(mask, cfg.loss_agg), "token": token_weights(mask, "token_mean")}
+def grpo_loss_sums(
+    params: Any, batch: Mapping[str, jax.Array], logprob_fn: LogprobFn, cfg: GRPOConfig
+) -> tuple[jax.Array, tuple[dict[str, jax.Array], dict[str, jax.Array]]]:
+    """The GRPO objective on a batch of rows as sums, before the division by a count.
 
-
-def grpo_loss(
-    params: Any,
-    batch: Mapping[str, jax.Array],
-    logprob_fn: LogprobFn,
-    cfg: GRPOConfig,
-    weights: Mapping[str, jax.Array] | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The GRPO objective on one (mini)batch.
-
-    batch: old_logp f32[N, T], advantages f32[N], mask bool[N, T], ref_logp f32[N, T]
-      (may be absent when cfg.kl_coef == 0), plus whatever `logprob_fn` reads.
-    logprob_fn(params, batch) -> (logp f32[N, T] of the sampled tokens, entropy f32[N, T]).
-    weights: `loss_weights` of the batch these rows belong to; None: of these rows. Given the
-      whole batch's weights, a shard of its rows returns its share of the batch's loss and
-      metrics (the shares add up).
-    Returns (loss f32[], metrics) where loss = aggregate(pg + kl_coef * kl, mask, cfg.loss_agg)
-    and metrics loss, pg_loss, kl, entropy, clip_fraction (pg_loss/kl/entropy are means over
-    valid tokens).
+    batch, logprob_fn: as `grpo_loss`. Returns (loss_sum f32[], (sums, counts)): sums holds
+    loss, pg_loss, kl, entropy, clip_fraction as weighted token sums (`token_weights`); counts
+    {"loss": under cfg.loss_agg, "token": valid tokens}, f32[]. Every output is a sum over
+    rows: for rows cut into shards the shards' outputs add up to the whole batch's, and
+    `normalized` turns them into `grpo_loss`'s.
     """
     for key in ("old_logp", "advantages", "mask"):
         if key not in batch:
@@ -340,7 +331,8 @@ def grpo_loss(
     chex.assert_rank(mask, 2)
     chex.assert_shape(batch["advantages"], mask.shape[:1])
     chex.assert_shape(batch["old_logp"], mask.shape)
-    weights = loss_weights(mask, cfg) if weights is None else weights
+    loss_weights, loss_count = token_weights(mask, cfg.loss_agg)
+    weights, count = token_weights(mask, "token_mean")
     logp, entropy = logprob_fn(params, batch)
     chex.assert_shape([logp, entropy], mask.shape)
     chex.assert_type([logp, entropy], jnp.float32)
@@ -354,15 +346,38 @@ def grpo_loss(
         kl = jax.lax.stop_gradient(jnp.where(mask, kl_estimate(logp, batch["ref_logp"], cfg.kl_kind), 0.0))
     else:
         kl = jnp.zeros_like(pg)
-    loss = weighted_sum(pg + cfg.kl_coef * kl, weights["loss"])
-    metrics = {
-        "loss": loss,
-        "pg_loss": weighted_sum(pg, weights["token"]),
-        "kl": weighted_sum(kl, weights["token"]),
-        "entropy": weighted_sum(jax.lax.stop_gradient(entropy), weights["token"]),
-        "clip_fraction": weighted_sum(clip_active.astype(jnp.float32), weights["token"]),
+    loss_sum = weighted_sum(pg + cfg.kl_coef * kl, loss_weights)
+    sums = {
+        "loss": loss_sum,
+        "pg_loss": weighted_sum(pg, weights),
+        "kl": weighted_sum(kl, weights),
+        "entropy": weighted_sum(jax.lax.stop_gradient(entropy), weights),
+        "clip_fraction": weighted_sum(clip_active.astype(jnp.float32), weights),
     }
-    return loss, jax.tree_util.tree_map(jax.lax.stop_gradient, metrics)
+    return loss_sum, (jax.tree_util.tree_map(jax.lax.stop_gradient, sums), {"loss": loss_count, "token": count})
+
+
+def normalized(sums: Mapping[str, jax.Array], counts: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """`grpo_loss_sums`' sums divided by their counts: "loss" by the loss count, the rest by the
+    valid tokens (a batch without valid tokens gives 0)."""
+    return {name: value / jnp.maximum(counts["loss" if name == "loss" else "token"], 1.0)
+            for name, value in sums.items()}
+
+
+def grpo_loss(
+    params: Any, batch: Mapping[str, jax.Array], logprob_fn: LogprobFn, cfg: GRPOConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The GRPO objective on one (mini)batch.
+
+    batch: old_logp f32[N, T], advantages f32[N], mask bool[N, T], ref_logp f32[N, T]
+      (may be absent when cfg.kl_coef == 0), plus whatever `logprob_fn` reads.
+    logprob_fn(params, batch) -> (logp f32[N, T] of the sampled tokens, entropy f32[N, T]).
+    Returns (loss f32[], metrics) where loss = aggregate(pg + kl_coef * kl, mask, cfg.loss_agg)
+    and metrics loss, pg_loss, kl, entropy, clip_fraction (pg_loss/kl/entropy are means over
+    valid tokens).
+    """
+    loss_sum, (sums, counts) = grpo_loss_sums(params, batch, logprob_fn, cfg)
+    return loss_sum / jnp.maximum(counts["loss"], 1.0), normalized(sums, counts)
 
 
 def sum_over_shards(tree: Any, bucket_bytes: int = GRAD_BUCKET_BYTES) -> Any:
@@ -436,10 +451,12 @@ def grpo_update(
     a leading axis).
 
     data_shards = D > 1 cuts each minibatch into D consecutive row shards (the layout of rows
-    sharded over a mesh axis, named by `data_axis`), takes each shard's gradient under the whole
-    minibatch's loss weights and sums them with `sum_over_shards(..., bucket_bytes)` (module
-    docstring). The result equals D = 1 up to float rounding. `logprob_fn` then sees N / (M*D)
-    rows at a time.
+    sharded over a mesh axis, named by `data_axis`), takes each shard's gradient of the loss as
+    a sum (`grpo_loss_sums`), its metric sums and counts, sums them over the shards in one go
+    with `sum_over_shards(..., bucket_bytes)` (module docstring) and then divides by the
+    counts: on a mesh, one all-reduce per flat buffer and no other collective before the
+    division. The result equals D = 1 up to float rounding.
+    `logprob_fn` then sees N / (M*D) rows at a time.
     Returns (params, opt_state, metrics averaged over the steps, with grad_norm added).
     """
     if "mask" not in batch:
@@ -454,16 +471,18 @@ def grpo_update(
     if data_shards < 1 or order.shape[1] % data_shards:
         raise ValueError(f"grpo_update: minibatches of {order.shape[1]} rollouts do not split into "
                          f"data_shards={data_shards} equal parts")
-    grad_fn = jax.grad(grpo_loss, has_aux=True)
+    loss_grad = jax.grad(grpo_loss, has_aux=True)
+    sums_grad = jax.grad(grpo_loss_sums, has_aux=True)
 
     def minibatch_grads(params, minibatch):
-        weights = loss_weights(minibatch["mask"], cfg)
         if data_shards == 1:
-            return grad_fn(params, minibatch, logprob_fn, cfg, weights)
+            return loss_grad(params, minibatch, logprob_fn, cfg)
         split = lambda x: x.reshape(data_shards, x.shape[0] // data_shards, *x.shape[1:])
-        shard_grads = jax.vmap(lambda rows, w: grad_fn(params, rows, logprob_fn, cfg, w), spmd_axis_name=data_axis)
-        per_shard = shard_grads(*jax.tree_util.tree_map(split, (dict(minibatch), weights)))
-        return sum_over_shards(per_shard, bucket_bytes)
+        shard_grads = jax.vmap(lambda rows: sums_grad(params, rows, logprob_fn, cfg), spmd_axis_name=data_axis)
+        grads, (sums, counts) = sum_over_shards(shard_grads(jax.tree_util.tree_map(split, dict(minibatch))),
+                                                bucket_bytes)
+        scale = 1.0 / jnp.maximum(counts["loss"], 1.0)
+        return jax.tree_util.tree_map(lambda g: (g * scale).astype(g.dtype), grads), normalized(sums, counts)
 
     def step(carry, rows):
         params, opt_state = carry

@@ -122,6 +122,11 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             return x
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
 
+    def everywhere(x):
+        if mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec()))
+
     rollout = device_rollout(domain, graphdef, cfg, over_data)
     # rows [b*G, (b+1)*G) share a prompt; the update keeps that order only with one minibatch
     update_groups = rollout.prefill_group if cfg.grpo.minibatches == 1 else 1
@@ -140,7 +145,8 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
         def step(carry, index):
             params, opt_state = carry
             prompt_key, sample_key, update_key = jax.random.split(jax.random.fold_in(key, index), 3)
-            rows = jax.random.choice(prompt_key, num_examples, (batch,), replace=batch > num_examples)
+            # every device draws all the prompt rows and keeps its own (no transfer between devices)
+            rows = everywhere(jax.random.choice(prompt_key, num_examples, (batch,), replace=batch > num_examples))
             chosen = _repeat_rows(dataset.take(rows), group)
             context = jax.tree_util.tree_map(over_data, dict(chosen.context))
             episode, update_batch = rollout.fn(params, chosen, sample_key, False)
@@ -163,7 +169,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             metrics.update(nonfinite=nonfinite, kl=update["kl"], entropy=update["entropy"],
                            clip_fraction=update["clip_fraction"], loss=update["loss"],
                            grad_norm=update["grad_norm"],
-                           response_length=jnp.sum(lengths) / jnp.maximum(jnp.sum(taken), 1))
+                           response_length=jnp.sum(lengths) / jnp.maximum(jnp.sum(taken, dtype=jnp.float32), 1))
             return (params, opt_state), {name: metrics[name] for name in names}
 
         (params, _), metrics = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(steps))
