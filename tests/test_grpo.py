@@ -10,8 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
+from derl_jax.parallel import make_mesh
 from derl_jax.rl import grpo
+from derl_jax.rl.placement import update_split
 
 # ----------------------------------------------------------------------------- rewards / advantages
 
@@ -391,10 +394,6 @@ def test_an_update_split_into_row_shards_equals_the_whole_batch_update(loss_agg,
 def test_on_a_data_mesh_the_gradient_is_reduced_as_one_flat_buffer():
     """Rows over a 'data' axis of 2 devices: the update's only floating-point all-reduce carries
     every gradient entry in one array (plus scalars), and the result equals one device's."""
-    from jax.sharding import NamedSharding, PartitionSpec
-    from derl_jax.parallel import make_mesh
-    from derl_jax.rl.placement import update_split
-
     cfg = grpo.GRPOConfig(optimizer="adam", learning_rate=0.05, kl_coef=0.1)
     params, batch = make_batch(7, n=8, t=4, ratio_noise=0.3)
     params = dict(params, bias=jnp.arange(VOCAB, dtype=jnp.float32) * 0.1)
