@@ -107,7 +107,8 @@ _log = logging.getLogger(__name__)
 
 def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, params: nnx.State, opt_state: Any,
                       program: Program, prims: jax.Array, progress: jax.Array, rollouts: Rollouts,
-                      ref_logp: jax.Array | None, key: jax.Array, **data_split) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+                      ref_logp: jax.Array | None, key: jax.Array,
+                      **data_split) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """Rewards of `program` on prims f32[N, P] at progress u, group advantages, one GRPO update
     (`data_split`: how it cuts rows over 'data', `derl_jax.rl.placement.update_split`).
 

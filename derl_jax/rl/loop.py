@@ -53,7 +53,7 @@ from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate
 from derl_jax.models.sampling import sequence_logprobs
-from derl_jax.parallel import CAND_AXIS, DATA_AXIS
+from derl_jax.parallel import CAND_AXIS, DATA_AXIS, replicated
 from derl_jax.rl.config import InnerConfig, metric_names, progress
 from derl_jax.rl.grpo import group_advantages, grpo_update, make_optimizer, sanitize_rewards
 from derl_jax.rl.placement import leading_size, map_candidates, params_candidate_axis, update_split
@@ -125,7 +125,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
     def everywhere(x):
         if mesh is None:
             return x
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec()))
+        return jax.lax.with_sharding_constraint(x, replicated(mesh))
 
     rollout = device_rollout(domain, graphdef, cfg, over_data)
     # rows [b*G, (b+1)*G) share a prompt; the update keeps that order only with one minibatch
