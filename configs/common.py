@@ -36,7 +36,10 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        and workers: processes that share out the method x seed runs (0: one
                        per CPU core on a CPU host, 1 on accelerators; derl_jax/meta/workers.py)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
-                       device
+                       device; data 0 (the default) is automatic: on a CPU host, one XLA host
+                       device per core and a step's rollouts split over them (for policies of at
+                       most 50M parameters, when the rollouts split evenly; a compare's workers
+                       share the cores), else 1 (derl_jax/rl/placement.py: auto_data_size)
   primitives.modules   modules outside the `primitives` package to import so their primitives
                        register (dotted names; the package's own modules are always found)
   primitives.extra     registered primitives of this domain to add after its own (g5, g6, ...
@@ -114,7 +117,7 @@ FINAL = {"steps": 24}
 COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True,
            "keep_final_policies": False, "levels": (),
            "workers": 0}
-MESH = {"cand": 1, "data": 1, "model": 1}
+MESH = {"cand": 1, "data": 0, "model": 1}
 
 
 def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_collections.ConfigDict:

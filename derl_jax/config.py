@@ -183,8 +183,10 @@ def validate_shared(cfg: Any) -> None:
 
     for axis in ("cand", "data", "model"):
         size = config_value(cfg, f"mesh.{axis}")
-        if not is_int(size) or (size < 1 and size != -1):
-            raise ConfigError(f"config.mesh.{axis} must be a positive integer or -1 (fill), got {size!r}")
+        auto = axis == "data" and size == 0
+        if not is_int(size) or (size < 1 and size != -1 and not auto):
+            also = ", -1 (fill) or 0 (auto: one per CPU core)" if axis == "data" else " or -1 (fill)"
+            raise ConfigError(f"config.mesh.{axis} must be a positive integer{also}, got {size!r}")
     for field, what in (("modules", "module names"), ("extra", "primitive names")):
         if has_field(cfg, f"primitives.{field}"):
             names = config_value(cfg, f"primitives.{field}")

@@ -21,6 +21,10 @@ Multi-host: call `maybe_initialize_distributed()` first thing in the entry point
   multi-host Cloud TPU (``TPU_WORKER_HOSTNAMES``/``TPU_PROCESS_ADDRESSES`` naming more than
   one host, or ``MEGASCALE_COORDINATOR_ADDRESS``) — environments JAX detects by itself.
 
+On a CPU host XLA runs a small program on one core; `host_device_flags` gives XLA one host
+device per core (`--xla_force_host_platform_device_count`), so that a mesh over them runs one
+step on every core. It must be in XLA_FLAGS before JAX starts its backend.
+
 Across processes only process 0 writes files (`is_primary_process`); values that live on a
 mesh spanning processes go on it with `put_global` and come back with `gather_to_host`
 (every process calls both together); `sync_processes` is a barrier.
@@ -100,6 +104,27 @@ def make_mesh(cand: int = 1, data: int = 1, model: int = -1, devices: Sequence[A
     if devices is None:
         return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types)
     return Mesh(np.asarray(device_list, dtype=object).reshape(shape), MESH_AXES, axis_types=axis_types)
+
+
+# --------------------------------------------------------------------------- host devices
+
+HOST_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def host_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def host_device_flags(xla_flags: str, cores: int) -> str:
+    """`xla_flags` (an XLA_FLAGS value) with one XLA host device per core; unchanged when it
+    already fixes the host device count or when there is one core."""
+    if HOST_DEVICE_FLAG in xla_flags or cores <= 1:
+        return xla_flags
+    return " ".join(part for part in (xla_flags.strip(), f"{HOST_DEVICE_FLAG}={cores}") if part)
 
 
 # --------------------------------------------------------------------------- multi-host

@@ -215,6 +215,27 @@ def use_compile_cache(directory: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ[MIN_COMPILE_TIME_ENV]))
 
 
+def make_host_devices(cfg: Any, environ: dict) -> None:
+    """Before JAX starts its backend: one XLA host device per core in `environ["XLA_FLAGS"]`
+    when `config.mesh.data` is 0 (auto, see `derl_jax.rl.placement.auto_data_size`), no mesh
+    axis is -1, the job is one process and XLA_FLAGS does not already fix the count. Harmless
+    on accelerators, where the host devices go unused."""
+    from derl_jax.parallel import distributed_requested, host_cores, host_device_flags
+
+    sizes = [config_checks.config_value(cfg, f"mesh.{axis}") for axis in ("cand", "data", "model")]
+    if sizes[1] != 0 or -1 in sizes or distributed_requested(environ):
+        return
+    environ["XLA_FLAGS"] = host_device_flags(environ.get("XLA_FLAGS", ""), host_cores())
+
+
+def run_cores(cfg: Any, mode: str) -> int:
+    """The CPU cores one run of this process may use: all of them, or a compare worker's share."""
+    from derl_jax.parallel import host_cores
+
+    workers = compare_workers(cfg) if mode == "compare" else 1
+    return max(1, host_cores() // workers)
+
+
 def _primary_process() -> bool:
     """False on processes 1.. of a multi-process job (JAX is imported by then); True otherwise."""
     jax = sys.modules.get("jax")
@@ -237,11 +258,12 @@ def build_domain(cfg: Any):
     return dataclasses.replace(domain, primitives=tuple(domain.primitives) + primitive_registry.resolve(domain.name, extra))
 
 
-def build_inner(domain: Any, cfg: Any, workdir: str):
-    """(base_params, evaluator): the base policy and the one inner-loop evaluator."""
+def build_inner(domain: Any, cfg: Any, workdir: str, host_cores: int | None = None):
+    """(base_params, evaluator): the base policy and the one inner-loop evaluator (on a mesh
+    whose automatic 'data' axis takes at most `host_cores` CPU cores)."""
     from derl_jax.rl.setup import build_inner as build
 
-    return build(domain, cfg, workdir)
+    return build(domain, cfg, workdir, host_cores=host_cores)
 
 
 def plan_run(cfg: Any, accelerators: Sequence[str], compile: bool) -> dict:
@@ -277,7 +299,7 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
         domain = build_domain(cfg)
         if checked.expression is not None:
             check_expression(checked.expression, domain.primitive_names, domain.outcome_index)
-        base_params, evaluator = build_inner(domain, cfg, workdir)
+        base_params, evaluator = build_inner(domain, cfg, workdir, run_cores(cfg, mode))
         return _run_mode(cfg, checked, domain, base_params, evaluator, progress)
 
 
@@ -329,7 +351,7 @@ def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: 
             copied = shared.share_trainings(os.path.join(checked.workdir, same_split[0]), level_dir, runs)
             if copied:
                 print(f"--- level {level}: {len(copied)} trainings shared with level {same_split[0]} (same training split)")
-        base_params, evaluator = build_inner(domain, level_cfg, level_dir)
+        base_params, evaluator = build_inner(domain, level_cfg, level_dir, run_cores(level_cfg, "compare"))
         print(f"--- level {level}: {level_dir}")
         payloads[level] = _run_mode(level_cfg, dataclasses.replace(checked, workdir=level_dir), domain, base_params,
                                     evaluator, progress)
@@ -425,7 +447,7 @@ def compare_worker(cfg: Any, workdir: str, token: str) -> None:
     _stop_with_parent()
     logging.set_verbosity(logging.WARNING)
     domain = build_domain(cfg)
-    base_params, evaluator = build_inner(domain, cfg, workdir)
+    base_params, evaluator = build_inner(domain, cfg, workdir, run_cores(cfg, "compare"))
     protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY,
                      progress=False, claim=Claims(workdir, token).claim)
 
@@ -503,8 +525,10 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpointing) would drown the summaries
     from derl_jax.parallel import maybe_initialize_distributed
 
-    maybe_initialize_distributed()
     cfg = _CONFIG.value
+    if _MODE.value != "plan":
+        make_host_devices(cfg, os.environ)
+    maybe_initialize_distributed()
     try:
         workdir = _WORKDIR.value or default_workdir(cfg)
         if _MODE.value != "plan":

@@ -22,7 +22,7 @@ def launcher(monkeypatch):
     module = load_launcher()
     built = []
 
-    def fake_inner(domain, cfg, workdir):
+    def fake_inner(domain, cfg, workdir, host_cores=None):
         assert domain.name == "household" and os.path.basename(workdir) == cfg.domain.level
         evaluator = FakeEvaluator()
         built.append((cfg.domain.level, domain.info["test_kinds"], evaluator))

@@ -104,6 +104,7 @@ def test_validate_accepts_the_shared_blocks_and_runs_the_domain_check(unit_domai
         ("primitives.extra", ("ok", ""), "config.primitives.extra must be a tuple of primitive names, got ('ok', '')"),
         ("mesh.cand", 0, "config.mesh.cand must be a positive integer or -1 (fill), got 0"),
         ("mesh.model", -2, "config.mesh.model must be a positive integer or -1 (fill), got -2"),
+        ("mesh.data", -2, "config.mesh.data must be a positive integer, -1 (fill) or 0 (auto: one per CPU core), got -2"),
     ],
 )
 def test_validate_names_the_first_bad_field(unit_domain, path, value, message):

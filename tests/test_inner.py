@@ -306,6 +306,10 @@ def test_run_level_evaluator_and_base_policy(tmp_path, monkeypatch):
     evaluator = setup.make_evaluator(domain, graphdef, cfg)
     assert evaluator.dispatch == "loop"  # "auto" on one CPU device
     assert evaluator.final_loop.cfg.steps == cfg.final.steps and evaluator.cfg.steps == cfg.inner.steps
+    cfg.mesh.data = 2
+    split = setup.make_evaluator(domain, graphdef, cfg)
+    assert split.dispatch == "loop" and dict(split.mesh.shape) == {"cand": 1, "data": 2, "model": 1}
+    cfg.mesh.data = 1
     cfg.mesh.cand = 2
     assert setup.make_evaluator(domain, graphdef, cfg).dispatch == "batched"
     cfg.mesh.cand = 1

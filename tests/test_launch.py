@@ -18,6 +18,9 @@ import pytest
 from absl import flags
 
 from derl_jax.config import ConfigError
+from derl_jax.parallel import HOST_DEVICE_FLAG, host_cores
+from derl_jax.rl.config import inner_config
+from derl_jax.rl.placement import auto_data_size
 from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer, get_config, reference_quality
 from test_protocol import expected_accuracy
 
@@ -40,7 +43,7 @@ def launcher(monkeypatch):
     module = load_launcher()
     evaluator = FakeEvaluator()
 
-    def fake_inner(domain, cfg, workdir):
+    def fake_inner(domain, cfg, workdir, host_cores=None):
         assert domain.name == "arith" and os.path.isfile(os.path.join(workdir, "run.lock"))  # built under the lock
         return BASE_PARAMS, evaluator
 
@@ -161,8 +164,11 @@ def test_compile_cache_directory_resolution():
 
 
 def test_a_run_fills_its_compile_cache_and_a_run_reading_it_gives_the_same_result(tmp_path):
+    """Also: with no host device count in XLA_FLAGS the launcher makes one host device per core
+    and the automatic 'data' axis splits the steps over them (tests/test_host_cores.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(HOST_DEVICE_FLAG))
     args = [sys.executable, SCRIPT, f"--config={SMOKE}", "--mode=final", "--expression=g1", "--noprogress"]
     cold, warm = tmp_path / "cold", tmp_path / "warm"
     subprocess.run([*args, f"--workdir={cold}"], check=True, capture_output=True, cwd=REPO_ROOT, env=env, timeout=300)
@@ -174,3 +180,7 @@ def test_a_run_fills_its_compile_cache_and_a_run_reading_it_gives_the_same_resul
     assert not (warm / "compile_cache").exists()
     assert set(os.listdir(cache)) == entries        # every program was found: nothing compiled anew
     assert json.load(open(warm / "final_result.json")) == json.load(open(cold / "final_result.json"))
+    cores = host_cores()
+    expected = auto_data_size(get_config("smoke"), inner_config(get_config("smoke"), 16), 0, cores=cores,
+                              backend="cpu", process_count=1, num_devices=cores)
+    assert json.load(open(cold / "domain.json"))["mesh"] == {"cand": 1, "data": expected, "model": 1}

@@ -2,7 +2,8 @@
 
     map_candidates(fn, in_axes, chunk_size, spmd_axis_name)   vmap over K, or K/c chunks of c
     padded_count(K, chunk_size, cand_size)                    K rounded up to what the mesh takes
-    run_mesh(cfg)                                             the ('cand', 'data', 'model') mesh of config.mesh
+    run_mesh(cfg, auto_data)                                  the ('cand', 'data', 'model') mesh of config.mesh
+    auto_data_size(cfg, inner, num_params)                    what `mesh.data` = 0 (auto) means for a run
     candidate_slices(mesh)                                    one ('data', 'model') sub-mesh per 'cand' index
     place_params(params, mesh)                                policies onto the mesh (off it: parallel.gather_to_host)
     update_split(mesh, rows, group)                           how a GRPO update cuts its rows over 'data'
@@ -22,7 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.models import transformer as tr
 from derl_jax.models.transformer import abstract_model, config_of
-from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, make_mesh, put_global
+from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, host_cores, make_mesh, put_global
 from derl_jax.rl.grpo import GRAD_BUCKET_BYTES
 
 
@@ -94,17 +95,49 @@ def take_rows(tree: Any, rows: np.ndarray) -> Any:
     return jax.tree_util.tree_map(lambda x: x[rows], tree)
 
 
-def run_mesh(cfg: Any) -> Mesh:
-    """The mesh of a run config's `mesh` block (cand, data, model; one may be -1 = fill).
+def run_mesh(cfg: Any, auto_data: int = 1) -> Mesh:
+    """The mesh of a run config's `mesh` block (cand, data, model; one may be -1 = fill;
+    `mesh.data` = 0 means `auto_data`, see `auto_data_size`).
 
     Without a -1 the mesh uses the first cand*data*model devices.
     """
-    sizes = [int(cfg.mesh.cand), int(cfg.mesh.data), int(cfg.mesh.model)]
+    sizes = [int(cfg.mesh.cand), int(cfg.mesh.data) or int(auto_data), int(cfg.mesh.model)]
     devices = None if -1 in sizes else jax.devices()[: math.prod(sizes)]
     if devices is not None and len(devices) < math.prod(sizes):
         raise ValueError(f"config.mesh asks for {math.prod(sizes)} devices (cand*data*model = {sizes}), "
                          f"only {len(jax.devices())} exist")
     return make_mesh(*sizes, devices=devices)
+
+
+# A larger policy's step is made of matmuls that XLA:CPU already spreads over the cores, and
+# every 'data' shard keeps a copy of the parameters and optimizer state.
+AUTO_DATA_MAX_PARAMS = 50_000_000
+
+
+def auto_data_size(cfg: Any, inner: Any, num_params: int, *, cores: int | None = None, backend: str | None = None,
+                   process_count: int | None = None, num_devices: int | None = None) -> int:
+    """The size of the 'data' axis when `config.mesh.data` is 0 (auto): on the CPU backend of a
+    one-process job, one shard per core (`cores`, default this process's), for a policy of at
+    most `AUTO_DATA_MAX_PARAMS` parameters, at most the devices left by cand x model, and
+    lowered until it splits a step's rollouts, and each minibatch into whole prompt groups
+    (`inner`: the run's `InnerConfig`). Otherwise 1: on accelerators, in multi-process jobs,
+    with a -1 (fill) axis, and for an explicit `mesh.data`.
+    """
+    cand, data, model = (int(cfg.mesh.cand), int(cfg.mesh.data), int(cfg.mesh.model))
+    if data != 0:
+        return data
+    if backend is None or process_count is None or num_devices is None:
+        backend = jax.default_backend() if backend is None else backend
+        process_count = jax.process_count() if process_count is None else process_count
+        num_devices = len(jax.devices()) if num_devices is None else num_devices
+    if backend != "cpu" or process_count > 1 or -1 in (cand, model) or num_params > AUTO_DATA_MAX_PARAMS:
+        return 1
+    size = min(host_cores() if cores is None else cores, num_devices // (cand * model))
+    rollouts, minibatches = inner.rollouts_per_step, inner.grpo.minibatches
+    group = inner.group_size if minibatches == 1 else 1
+    while size > 1 and (rollouts % size or (rollouts // minibatches) % (size * group)):
+        size -= 1
+    return max(size, 1)
 
 
 def candidate_slices(mesh: Mesh) -> list[Mesh]:

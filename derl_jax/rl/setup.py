@@ -24,12 +24,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from derl_jax.domains.base import Domain, TokenDataset, split_train
+from derl_jax.models.transformer import count_params
+from derl_jax.parallel import CAND_AXIS, is_primary_process
 from derl_jax.rl import sft
 from derl_jax.rl.config import inner_config
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.host_loop import HostEvaluator
-from derl_jax.parallel import is_primary_process
-from derl_jax.rl.placement import run_mesh
+from derl_jax.rl.placement import auto_data_size, run_mesh
 
 BASE_POLICY_DIR = "base_policy"
 DOMAIN_INFO_FILE = "domain.json"
@@ -82,11 +83,13 @@ def base_policy(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> 
 
 def make_evaluator(domain: Domain, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh | None = None):
     """The evaluator of `domain`'s rollout kind under a run config (`config.inner`, `final.steps`,
-    `config.mesh` unless `mesh` is given).
+    `config.mesh` unless `mesh` is given; `mesh.data` = 0 counts as 1 here, `build_inner`
+    resolves it).
 
-    `config.inner.dispatch` (device kinds): "batched", "loop", or "auto" = "loop" on a single
-    CPU device (faster there, see benchmarks/bench_inner.py, and one compilation for any
-    number of candidates) and "batched" otherwise.
+    `config.inner.dispatch` (device kinds): "batched", "loop", or "auto" = "loop" on CPU
+    devices when the 'cand' axis is 1 (one policy at a time, its rows over 'data': faster there,
+    see benchmarks/bench_inner.py, and one compilation for any number of candidates) and
+    "batched" otherwise.
     """
     mesh = run_mesh(cfg) if mesh is None else mesh
     inner = inner_config(cfg, domain.max_new_tokens)
@@ -94,17 +97,21 @@ def make_evaluator(domain: Domain, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh 
         return HostEvaluator(domain, graphdef, inner, mesh)
     dispatch = inner.dispatch
     if dispatch == "auto":
-        single_cpu = mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"
-        dispatch = "loop" if single_cpu else "batched"
+        one_policy_at_a_time = mesh.shape[CAND_AXIS] == 1 and mesh.devices.flat[0].platform == "cpu"
+        dispatch = "loop" if one_policy_at_a_time else "batched"
     return DeviceEvaluator(domain, graphdef, inner, mesh=mesh, dispatch=dispatch)
 
 
-def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> tuple[Any, Any]:
+def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None, *,
+                host_cores: int | None = None) -> tuple[Any, Any]:
     """(base_params, evaluator) of a run: the policy (checkpoint, or scratch + warm start), the
     mesh and the evaluator of the domain's rollout kind. `workdir` (when given) receives
-    `domain.json` (the domain's info, primitives, rollout kind and mesh) and the cached base policy."""
-    mesh = run_mesh(cfg)
+    `domain.json` (the domain's info, primitives, rollout kind and mesh) and the cached base policy.
+    `host_cores`: the CPU cores the run may use when `config.mesh.data` is 0 (auto; default all
+    of this process's, `placement.auto_data_size`)."""
     graphdef, params = base_policy(domain, cfg, workdir)
+    inner = inner_config(cfg, domain.max_new_tokens)
+    mesh = run_mesh(cfg, auto_data_size(cfg, inner, count_params(params), cores=host_cores))
     evaluator = make_evaluator(domain, graphdef, cfg, mesh)
     if domain.rollout == "host":
         params = evaluator.place(params)

@@ -1,0 +1,84 @@
+"""One run over every core of a CPU host: `mesh.data` = 0 (auto).
+
+The pure resolution (`placement.auto_data_size`), the XLA flag the launcher adds before JAX
+starts (`parallel.host_device_flags`, `run.make_host_devices`) and the cores a compare
+worker's run may take (`run.run_cores`). A real run of the script with no host device count in
+XLA_FLAGS: tests/test_launch.py (the compile-cache test).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from derl_jax.parallel import HOST_DEVICE_FLAG, host_device_flags
+from derl_jax.rl.config import inner_config
+from derl_jax.rl.placement import AUTO_DATA_MAX_PARAMS, auto_data_size
+from test_launch import load_launcher
+from test_search import get_config
+
+SMALL = 100_000
+
+
+def config(cand=1, data=0, model=1, prompts=4, group=2, minibatches=1):
+    cfg = get_config("smoke")
+    cfg.mesh.update(cand=cand, data=data, model=model)
+    cfg.inner.update(prompts_per_step=prompts, group_size=group, minibatches=minibatches)
+    return cfg
+
+
+def resolve(cfg, *, params=SMALL, cores=2, backend="cpu", processes=1, devices=8):
+    return auto_data_size(cfg, inner_config(cfg, 16), params, cores=cores, backend=backend,
+                          process_count=processes, num_devices=devices)
+
+
+@pytest.mark.parametrize("kwargs, env, expected", [
+    ({}, {}, 2),                                            # one shard per core
+    ({}, {"cores": 1}, 1),
+    ({}, {"cores": 4}, 4),                                  # 8 rollouts, groups of 2: 4 shards of one group
+    ({}, {"cores": 8}, 4),                                  # 8 shards would cut the groups
+    ({"prompts": 3}, {"cores": 4}, 3),                      # 6 rollouts: 3 shards of one group
+    ({"prompts": 3, "minibatches": 2}, {"cores": 4}, 3),    # 3-row minibatches, no group constraint
+    ({}, {"cores": 8, "devices": 2}, 2),                    # no more than the devices
+    ({"cand": 2}, {"cores": 8, "devices": 4}, 2),           # the devices left by cand x model
+    ({}, {"backend": "gpu"}, 1),                            # an accelerator's default is one device
+    ({}, {"processes": 2}, 1),                              # a multi-process job splits through the mesh
+    ({}, {"params": AUTO_DATA_MAX_PARAMS + 1}, 1),          # XLA spreads a large policy's matmuls itself
+    ({"model": -1}, {}, 1),                                 # a fill axis takes every device
+    ({"data": 3}, {"cores": 1}, 3),                         # an explicit size is kept
+])
+def test_auto_data_size(kwargs, env, expected):
+    assert resolve(config(**kwargs), **env) == expected
+
+
+@pytest.mark.parametrize("flags_in, cores, flags_out", [
+    ("", 2, f"{HOST_DEVICE_FLAG}=2"),
+    ("--xla_cpu_use_thunk_runtime=true", 4, f"--xla_cpu_use_thunk_runtime=true {HOST_DEVICE_FLAG}=4"),
+    (f"{HOST_DEVICE_FLAG}=8", 2, f"{HOST_DEVICE_FLAG}=8"),  # a count the user fixed is kept
+    ("", 1, ""),
+])
+def test_host_device_flags(flags_in, cores, flags_out):
+    assert host_device_flags(flags_in, cores) == flags_out
+
+
+def test_the_launcher_adds_host_devices_only_for_an_automatic_one_process_data_axis(monkeypatch):
+    launcher = load_launcher()
+    monkeypatch.setattr("derl_jax.parallel.host_cores", lambda: 2)
+    for mesh, env, added in [
+        ({}, {}, True),
+        ({"data": 1}, {}, False),
+        ({"model": -1}, {}, False),
+        ({}, {"JAX_COORDINATOR_ADDRESS": "localhost:1234"}, False),
+    ]:
+        environ = dict(env, XLA_FLAGS="--xla_dump_to=/tmp/x")
+        launcher.make_host_devices(config(**mesh), environ)
+        expected = "--xla_dump_to=/tmp/x" + (f" {HOST_DEVICE_FLAG}=2" if added else "")
+        assert environ["XLA_FLAGS"] == expected, (mesh, env)
+
+
+def test_a_compare_worker_takes_its_share_of_the_cores(monkeypatch):
+    launcher = load_launcher()
+    monkeypatch.setattr("derl_jax.parallel.host_cores", lambda: 4)
+    cfg = config()
+    for workers, search_cores, compare_cores in [(1, 4, 4), (2, 4, 2), (4, 4, 1), (8, 4, 1)]:
+        monkeypatch.setattr(launcher, "compare_workers", lambda cfg, workers=workers: workers)
+        assert (launcher.run_cores(cfg, "search"), launcher.run_cores(cfg, "compare")) == (search_cores, compare_cores)
