@@ -38,8 +38,8 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device; data 0 (the default) is automatic: on a CPU host, one XLA host
                        device per core and a step's rollouts split over them (for policies of at
-                       most 50M parameters, when the rollouts split evenly; a compare's workers
-                       share the cores), else 1 (derl_jax/rl/placement.py: auto_data_size)
+                       most 50M parameters, when the rollouts split evenly; not in a compare,
+                       whose workers use the cores), else 1 (derl_jax/rl/placement.py: auto_data_size)
   primitives.modules   modules outside the `primitives` package to import so their primitives
                        register (dotted names; the package's own modules are always found)
   primitives.extra     registered primitives of this domain to add after its own (g5, g6, ...

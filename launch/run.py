@@ -228,12 +228,12 @@ def make_host_devices(cfg: Any, environ: dict) -> None:
     environ["XLA_FLAGS"] = host_device_flags(environ.get("XLA_FLAGS", ""), host_cores())
 
 
-def run_cores(cfg: Any, mode: str) -> int:
-    """The CPU cores one run of this process may use: all of them, or a compare worker's share."""
+def run_cores(mode: str) -> int:
+    """The CPU cores one run of this process may use: all of them, or one in a compare, whose
+    workers use the cores (so that its results do not depend on the worker count)."""
     from derl_jax.parallel import host_cores
 
-    workers = compare_workers(cfg) if mode == "compare" else 1
-    return max(1, host_cores() // workers)
+    return 1 if mode == "compare" else host_cores()
 
 
 def _primary_process() -> bool:
@@ -299,7 +299,7 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
         domain = build_domain(cfg)
         if checked.expression is not None:
             check_expression(checked.expression, domain.primitive_names, domain.outcome_index)
-        base_params, evaluator = build_inner(domain, cfg, workdir, run_cores(cfg, mode))
+        base_params, evaluator = build_inner(domain, cfg, workdir, run_cores(mode))
         return _run_mode(cfg, checked, domain, base_params, evaluator, progress)
 
 
@@ -351,7 +351,7 @@ def compare_per_level(cfg: Any, checked: Plan, levels: Sequence[str], progress: 
             copied = shared.share_trainings(os.path.join(checked.workdir, same_split[0]), level_dir, runs)
             if copied:
                 print(f"--- level {level}: {len(copied)} trainings shared with level {same_split[0]} (same training split)")
-        base_params, evaluator = build_inner(domain, level_cfg, level_dir, run_cores(level_cfg, "compare"))
+        base_params, evaluator = build_inner(domain, level_cfg, level_dir, run_cores("compare"))
         print(f"--- level {level}: {level_dir}")
         payloads[level] = _run_mode(level_cfg, dataclasses.replace(checked, workdir=level_dir), domain, base_params,
                                     evaluator, progress)
@@ -447,7 +447,7 @@ def compare_worker(cfg: Any, workdir: str, token: str) -> None:
     _stop_with_parent()
     logging.set_verbosity(logging.WARNING)
     domain = build_domain(cfg)
-    base_params, evaluator = build_inner(domain, cfg, workdir, run_cores(cfg, "compare"))
+    base_params, evaluator = build_inner(domain, cfg, workdir, run_cores("compare"))
     protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=OPTIMIZER_FACTORY,
                      progress=False, claim=Claims(workdir, token).claim)
 

@@ -1,8 +1,8 @@
 """One run over every core of a CPU host: `mesh.data` = 0 (auto).
 
 The pure resolution (`placement.auto_data_size`), the XLA flag the launcher adds before JAX
-starts (`parallel.host_device_flags`, `run.make_host_devices`) and the cores a compare
-worker's run may take (`run.run_cores`). A real run of the script with no host device count in
+starts (`parallel.host_device_flags`, `run.make_host_devices`) and the cores one run may
+take (`run.run_cores`). A real run of the script with no host device count in
 XLA_FLAGS: tests/test_launch.py (the compile-cache test).
 """
 
@@ -75,10 +75,8 @@ def test_the_launcher_adds_host_devices_only_for_an_automatic_one_process_data_a
         assert environ["XLA_FLAGS"] == expected, (mesh, env)
 
 
-def test_a_compare_worker_takes_its_share_of_the_cores(monkeypatch):
+def test_a_compare_run_keeps_one_core(monkeypatch):
+    """A compare's workers use the cores, and its results must not depend on how many there are."""
     launcher = load_launcher()
     monkeypatch.setattr("derl_jax.parallel.host_cores", lambda: 4)
-    cfg = config()
-    for workers, search_cores, compare_cores in [(1, 4, 4), (2, 4, 2), (4, 4, 1), (8, 4, 1)]:
-        monkeypatch.setattr(launcher, "compare_workers", lambda cfg, workers=workers: workers)
-        assert (launcher.run_cores(cfg, "search"), launcher.run_cores(cfg, "compare")) == (search_cores, compare_cores)
+    assert (launcher.run_cores("search"), launcher.run_cores("final"), launcher.run_cores("compare")) == (4, 4, 1)
