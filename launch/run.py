@@ -215,17 +215,18 @@ def use_compile_cache(directory: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ[MIN_COMPILE_TIME_ENV]))
 
 
-def make_host_devices(cfg: Any, environ: dict) -> None:
+def make_host_devices(cfg: Any, mode: str, environ: dict) -> None:
     """Before JAX starts its backend: one XLA host device per core in `environ["XLA_FLAGS"]`
-    when `config.mesh.data` is 0 (auto, see `derl_jax.rl.placement.auto_data_size`), no mesh
-    axis is -1, the job is one process and XLA_FLAGS does not already fix the count. Harmless
-    on accelerators, where the host devices go unused."""
-    from derl_jax.parallel import distributed_requested, host_cores, host_device_flags
+    for a run that may split its steps over them (`run_cores(mode)` > 1, `config.mesh.data` 0,
+    see `derl_jax.rl.placement.auto_data_size`) when no mesh axis is -1, the job is one process
+    and XLA_FLAGS does not already fix the count. Harmless on accelerators, where the host
+    devices go unused."""
+    from derl_jax.parallel import distributed_requested, host_device_flags
 
     sizes = [config_checks.config_value(cfg, f"mesh.{axis}") for axis in ("cand", "data", "model")]
-    if sizes[1] != 0 or -1 in sizes or distributed_requested(environ):
+    if mode == "plan" or sizes[1] != 0 or -1 in sizes or distributed_requested(environ):
         return
-    environ["XLA_FLAGS"] = host_device_flags(environ.get("XLA_FLAGS", ""), host_cores())
+    environ["XLA_FLAGS"] = host_device_flags(environ.get("XLA_FLAGS", ""), run_cores(mode))
 
 
 def run_cores(mode: str) -> int:
@@ -526,8 +527,7 @@ def main(argv: list[str]) -> None:
     from derl_jax.parallel import maybe_initialize_distributed
 
     cfg = _CONFIG.value
-    if _MODE.value != "plan":
-        make_host_devices(cfg, os.environ)
+    make_host_devices(cfg, _MODE.value, os.environ)
     maybe_initialize_distributed()
     try:
         workdir = _WORKDIR.value or default_workdir(cfg)

@@ -63,16 +63,19 @@ def test_host_device_flags(flags_in, cores, flags_out):
 def test_the_launcher_adds_host_devices_only_for_an_automatic_one_process_data_axis(monkeypatch):
     launcher = load_launcher()
     monkeypatch.setattr("derl_jax.parallel.host_cores", lambda: 2)
-    for mesh, env, added in [
-        ({}, {}, True),
-        ({"data": 1}, {}, False),
-        ({"model": -1}, {}, False),
-        ({}, {"JAX_COORDINATOR_ADDRESS": "localhost:1234"}, False),
+    for mesh, mode, env, added in [
+        ({}, "search", {}, True),
+        ({}, "final", {}, True),
+        ({}, "compare", {}, False),                 # its runs keep one device each
+        ({}, "plan", {}, False),
+        ({"data": 1}, "search", {}, False),
+        ({"model": -1}, "search", {}, False),
+        ({}, "search", {"JAX_COORDINATOR_ADDRESS": "localhost:1234"}, False),
     ]:
         environ = dict(env, XLA_FLAGS="--xla_dump_to=/tmp/x")
-        launcher.make_host_devices(config(**mesh), environ)
+        launcher.make_host_devices(config(**mesh), mode, environ)
         expected = "--xla_dump_to=/tmp/x" + (f" {HOST_DEVICE_FLAG}=2" if added else "")
-        assert environ["XLA_FLAGS"] == expected, (mesh, env)
+        assert environ["XLA_FLAGS"] == expected, (mesh, mode, env)
 
 
 def test_a_compare_run_keeps_one_core(monkeypatch):

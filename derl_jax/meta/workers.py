@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from derl_jax.config import ConfigError, config_value, has_field, is_int
+from derl_jax.parallel import host_cores
 
 CLAIMS_DIR = ".claims"
 MAX_AUTO_WORKERS = 8
@@ -51,7 +52,7 @@ def resolve_workers(cfg: Any, jobs: int, *, backend: str | None = None, process_
         process_count = jax.process_count() if process_count is None else process_count
     if backend != "cpu" or process_count > 1:
         return 1
-    cores = cpu_count if cpu_count is not None else len(os.sched_getaffinity(0))
+    cores = cpu_count if cpu_count is not None else host_cores()
     return max(1, min(cores, jobs, MAX_AUTO_WORKERS))
 
 

@@ -126,10 +126,9 @@ def auto_data_size(cfg: Any, inner: Any, num_params: int, *, cores: int | None =
     cand, data, model = (int(cfg.mesh.cand), int(cfg.mesh.data), int(cfg.mesh.model))
     if data != 0:
         return data
-    if backend is None or process_count is None or num_devices is None:
-        backend = jax.default_backend() if backend is None else backend
-        process_count = jax.process_count() if process_count is None else process_count
-        num_devices = len(jax.devices()) if num_devices is None else num_devices
+    backend = jax.default_backend() if backend is None else backend
+    process_count = jax.process_count() if process_count is None else process_count
+    num_devices = len(jax.devices()) if num_devices is None else num_devices
     if backend != "cpu" or process_count > 1 or -1 in (cand, model) or num_params > AUTO_DATA_MAX_PARAMS:
         return 1
     size = min(host_cores() if cores is None else cores, num_devices // (cand * model))
