@@ -110,9 +110,15 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 def write_cache(cache: Cache | None, k: jax.Array, v: jax.Array, cache_index: jax.Array,
                 layer_index: int) -> tuple[Cache | None, jax.Array, jax.Array]:
-    """Write this call's k, v[B, T, K, Dh] at positions [cache_index, cache_index + T) of layer
-    `layer_index` -> (cache, the keys and values attention reads, head-major [B, K, S, Dh];
-    without a cache they are this call's own, S = T)."""
+    """Write this call's k, v[B, T, K, Dh] into layer `layer_index` of the cache -> (cache, the keys
+    and values attention reads, head-major [B, K, S, Dh]; without a cache they are this call's
+    own, S = T).
+
+    cache_index i32[]: positions [cache_index, cache_index + T) of every row. cache_index
+    i32[B, T]: a slot per token (`write_slots`); a slot outside [0, S) is not written.
+    """
+    if cache is not None and jnp.ndim(cache_index) == 2:
+        return _write_slots(cache, k, v, cache_index, layer_index)
     if isinstance(cache, HeadMajorCache):
         return _write_head_major(cache, _heads_first(k), _heads_first(v), cache_index, layer_index)
     if cache is not None:
@@ -124,6 +130,37 @@ def write_cache(cache: Cache | None, k: jax.Array, v: jax.Array, cache_index: ja
             v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start))
         k, v = cache.k[layer_index].astype(dtype), cache.v[layer_index].astype(dtype)
     return cache, _heads_first(k), _heads_first(v)
+
+
+def write_slots(buffer: jax.Array, values: jax.Array, slots: jax.Array, axis: int) -> jax.Array:
+    """`buffer` [B, ..., S (at `axis`), ...] with values [B, T, ...rest] written at slots i32[B, T]
+    along `axis` (rest: the buffer's axes after the row axis other than `axis`, in order); a slot
+    outside [0, S) is dropped, so a token can be left out by giving it slot S."""
+    rows = jnp.arange(buffer.shape[0])[:, None]
+    index = [rows] + [slice(None)] * (buffer.ndim - 1)
+    index[axis] = slots
+    return buffer.at[tuple(index)].set(values.astype(buffer.dtype), mode="drop")
+
+
+def _write_slots(cache: Cache, k: jax.Array, v: jax.Array, slots: jax.Array, layer_index: int
+                 ) -> tuple[Cache, jax.Array, jax.Array]:
+    """Write k, v[B, T, K, Dh] token by token at slots i32[B, T] of layer `layer_index` -> (cache,
+    that layer's keys and values [B, K, S, Dh])."""
+    dtype = k.dtype
+    if isinstance(cache, HeadMajorCache):
+        # index (rows, :, slots, :) puts the advanced axes first: values are [B, T, K, Dh]
+        layer_k = write_slots(cache.k[layer_index], k, slots, axis=2)
+        layer_v = write_slots(cache.v[layer_index], v, slots, axis=2)
+
+        def replaced(arrays, new):
+            return arrays[:layer_index] + (new,) + arrays[layer_index + 1:]
+
+        cache = HeadMajorCache(k=replaced(cache.k, layer_k), v=replaced(cache.v, layer_v))
+        return cache, layer_k.astype(dtype), layer_v.astype(dtype)
+    layer_k = write_slots(cache.k[layer_index], k, slots, axis=1)
+    layer_v = write_slots(cache.v[layer_index], v, slots, axis=1)
+    cache = KVCache(k=cache.k.at[layer_index].set(layer_k), v=cache.v.at[layer_index].set(layer_v))
+    return cache, _heads_first(layer_k.astype(dtype)), _heads_first(layer_v.astype(dtype))
 
 
 def _heads_first(x: jax.Array) -> jax.Array:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from derl_jax.models.attention import HeadMajorCache, init_head_major_cache
+from derl_jax.models.attention import HeadMajorCache, init_head_major_cache, write_slots
 from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
 
 
@@ -248,11 +248,30 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
 
     prompt_mask = prompt_mask.astype(bool)
     key_valid = jnp.concatenate([prompt_mask, jnp.ones((batch, max_new_tokens), bool)], axis=1)
-    key_slots = jnp.arange(cache_length)
     last_hidden, cache = prefill(graphdef, params, prompts, prompt_mask, cache_length, group_size)
-    first_logits = apply_logits(graphdef, params, last_hidden)
     num_real = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+    out, _ = decode(graphdef, params, cache, key_valid, last_hidden, prompt_length, num_real, key,
+                    max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
+                    top_k=top_k, greedy=greedy, constraint=constraint)
+    return out
 
+
+def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key_valid: jax.Array,
+           last_hidden: jax.Array, write_from: int, positions_from: jax.Array, key: jax.Array, *,
+           max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
+           greedy: bool = False, constraint: Constraint | None = None) -> tuple[SampleOutput, HeadMajorCache]:
+    """The decode loop of `sample` after a prefill (shapes and arguments as there).
+
+    cache: S slots; key_valid bool[B, S]: the slots the new tokens may read (the prompt's real
+    tokens, and True on the slots [write_from, write_from + T - 1) the fed tokens are written
+    to); last_hidden [B, D]: the hidden state that predicts the first new token; new token i
+    (fed at step i + 1) is written at slot write_from + i with position positions_from + i
+    (i32[B]). Returns (the output, the cache with the fed tokens written).
+    """
+    batch = last_hidden.shape[0]
+    config = config_of(graphdef, params)
+    key_slots = jnp.arange(cache.length)
+    first_logits = apply_logits(graphdef, params, last_hidden)
     step = functools.partial(_decode_step, constraint=constraint, temperature=temperature, top_k=top_k,
                              eos_id=eos_id, pad_id=pad_id)
     constraint_state = constraint.init(batch) if constraint is not None else None
@@ -262,14 +281,14 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     first = step(first_logits, constraint_state=constraint_state, done=jnp.zeros((batch,), bool),
                  noise=None if greedy else noise[0] if predrawn else step_gumbel_noise(key, 0, noise_shape))
 
-    def decode(carry, inputs):
+    def decode_step(carry, inputs):
         index, step_noise = inputs
         if not greedy and not predrawn:
             step_noise = step_gumbel_noise(key, index, noise_shape)
         cache, previous, done, constraint_state = carry
-        write_at = prompt_length + index - 1
+        write_at = write_from + index - 1
         mask = key_valid[:, None, :] & (key_slots <= write_at)[None, None, :]
-        positions = (num_real + index - 1)[:, None]
+        positions = (positions_from + index - 1)[:, None]
         hidden, cache = apply_hidden(graphdef, params, previous[:, None], positions, mask, cache, write_at)
         logits = apply_logits(graphdef, params, hidden[:, 0])
         emitted, logprob, sampling_logprob, live, done, constraint_state = step(
@@ -277,15 +296,17 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
         return (cache, emitted, done, constraint_state), (emitted, logprob, sampling_logprob, live)
 
     emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
-    _, rest = jax.lax.scan(decode, (cache, emitted0, done0, constraint_state),
-                           (jnp.arange(1, max_new_tokens, dtype=jnp.int32), noise[1:] if predrawn else None))
+    (cache, *_), rest = jax.lax.scan(decode_step, (cache, emitted0, done0, constraint_state),
+                                     (jnp.arange(1, max_new_tokens, dtype=jnp.int32),
+                                      noise[1:] if predrawn else None))
     columns = [jnp.concatenate([head[:, None], tail.T], axis=1)
                for head, tail in zip((emitted0, logprob0, sampling_logprob0, live0), rest)]
     tokens, logprobs, sampling_logprobs, mask = columns
     chex.assert_shape([tokens, logprobs, sampling_logprobs, mask], (batch, max_new_tokens))
     chex.assert_type([tokens, logprobs, sampling_logprobs, mask], [int, jnp.float32, jnp.float32, bool])
-    return SampleOutput(tokens=tokens, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
-                        mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
+    out = SampleOutput(tokens=tokens, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
+                       mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
+    return out, cache
 
 
 sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "group_size"))
@@ -380,3 +401,136 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
     logp, entropy = jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
     chex.assert_shape([logp, entropy], completions.shape)
     return logp, entropy
+
+
+# ----------------------------------------------------------------------------- token streams
+
+
+@struct.dataclass
+class Stream:
+    """Token streams, one per row, each read once: every token appended is run through the model
+    once, at its own slot and position, and stays in the cache for everything after it.
+
+    A stream's tokens are packed: the t-th token appended sits at slot t and position t (so a
+    stream of real tokens has the positions `prompt_positions` gives the same tokens in a padded
+    prompt). The cache has C stream slots and, after them, `scratch` slots the decoder writes
+    the tokens it feeds to (`stream_decode`); the tokens it emits enter the stream only when
+    appended.
+
+    cache:       HeadMajorCache, per layer [B, K, C + scratch, Dh].
+    tokens:      i32[B, C]  the token of every stream slot (pad_id where none).
+    valid:       bool[B, C] slots that hold a token.
+    length:      i32[B]     tokens appended so far; beyond C they were not kept (the row is full).
+    last_hidden: [B, D]     hidden state at the last token appended (it predicts the next token).
+    """
+
+    cache: HeadMajorCache
+    tokens: jax.Array
+    valid: jax.Array
+    length: jax.Array
+    last_hidden: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        """C, the stream slots."""
+        return int(self.tokens.shape[1])
+
+
+def start_stream(graphdef: nnx.GraphDef, params: nnx.State, batch_size: int, capacity: int, scratch: int,
+                 pad_id: int) -> Stream:
+    """B empty streams of `capacity` slots plus `scratch` decoder slots."""
+    config = config_of(graphdef, params)
+    if capacity > config.max_position:
+        raise ValueError(f"start_stream: {capacity} stream positions exceed the model's max_position "
+                         f"{config.max_position}")
+    return Stream(cache=init_head_major_cache(config, batch_size, capacity + scratch),
+                  tokens=jnp.full((batch_size, capacity), pad_id, jnp.int32),
+                  valid=jnp.zeros((batch_size, capacity), bool), length=jnp.zeros((batch_size,), jnp.int32),
+                  last_hidden=jnp.zeros((batch_size, config.hidden_size), config.compute_dtype))
+
+
+def append_slots(length: jax.Array, valid: jax.Array, capacity: int, dropped: int) -> tuple[jax.Array, jax.Array]:
+    """(slots i32[B, T], kept bool[B, T]) of the tokens marked by `valid` bool[B, T] appended, in
+    order, to streams of `length` i32[B] tokens: token j goes to slot length + (valid tokens
+    before it); tokens not valid or beyond `capacity` are not kept and get slot `dropped`."""
+    slots = length[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+    kept = valid & (slots < capacity)
+    return jnp.where(kept, slots, dropped), kept
+
+
+def append(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: jax.Array, valid: jax.Array,
+           live: jax.Array | None = None) -> Stream:
+    """`stream` with the tokens of i32[B, T] where `valid` bool[B, T] appended in order, in one
+    forward over the T columns (each new token reads the stream and the new tokens before it).
+
+    Rows with no valid token keep their `last_hidden`. Rows where `live` bool[B] is False are
+    left as they were (their cache slots past the stream may be overwritten; no slot they
+    hold is). Tokens beyond the capacity are counted in `length` and not kept.
+    """
+    batch, width = tokens.shape
+    capacity, cache_length = stream.capacity, stream.cache.length
+    live = jnp.ones((batch,), bool) if live is None else live
+    valid = valid.astype(bool) & live[:, None]
+    # the valid tokens to the right end of the columns: the last column is then the last token
+    order = jnp.argsort(valid.astype(jnp.int32), axis=-1, stable=True)
+    tokens, valid = jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(valid, order, axis=-1)
+    slots, kept = append_slots(stream.length, valid, capacity, cache_length)
+    positions = stream.length[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+    written = write_slots(jnp.zeros((batch, capacity), bool), kept, slots, axis=1)
+    readable = jnp.pad(stream.valid | written, ((0, 0), (0, cache_length - capacity)))
+    query_at = jnp.where(valid, positions, -1)
+    mask = readable[:, None, :] & (jnp.arange(cache_length)[None, None, :] <= query_at[:, :, None])
+    hidden, cache = apply_hidden(graphdef, params, tokens.astype(jnp.int32), jnp.maximum(positions, 0), mask,
+                                 stream.cache, slots, last=1)
+    any_new = jnp.any(valid, axis=1)
+    return Stream(cache=cache, tokens=write_slots(stream.tokens, tokens, slots, axis=1),
+                  valid=stream.valid | written, length=stream.length + jnp.sum(valid, axis=1, dtype=jnp.int32),
+                  last_hidden=jnp.where(any_new[:, None], hidden[:, -1], stream.last_hidden))
+
+
+def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key: jax.Array, *,
+                  max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
+                  greedy: bool = False) -> SampleOutput:
+    """Generate up to `max_new_tokens` tokens after every stream, exactly as `sample` would after
+    a prompt holding the stream's tokens (the same key gives the same draws). The fed tokens go to
+    the scratch slots; the stream is not changed (append what was generated to keep it)."""
+    capacity, scratch = stream.capacity, stream.cache.length - stream.capacity
+    if scratch < max_new_tokens - 1:
+        raise ValueError(f"stream_decode: {scratch} scratch slots cannot hold {max_new_tokens - 1} fed tokens")
+    batch = stream.tokens.shape[0]
+    key_valid = jnp.concatenate([stream.valid, jnp.ones((batch, scratch), bool)], axis=1)
+    out, _ = decode(graphdef, params, stream.cache, key_valid, stream.last_hidden, capacity, stream.length, key,
+                    max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
+                    top_k=top_k, greedy=greedy)
+    return out
+
+
+def stream_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, valid: jax.Array,
+                    starts: jax.Array, completions: jax.Array, completion_mask: jax.Array,
+                    temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced (logp, entropy) f32[B, S, T] of S completions per stream, in one causal
+    forward over each stream.
+
+    tokens i32[B, C] / valid bool[B, C]: packed streams (`Stream.tokens`, `Stream.valid`: real
+    token t at slot and position t). Completion s of row b, completions[b, s] i32[T] with
+    completion_mask[b, s] bool[T] (a prefix of True, as `SampleOutput.mask`), was generated
+    after the stream's first starts[b, s] tokens and its tokens up to its first EOS were appended
+    right after them: token j of it is predicted by the hidden state at slot starts[b, s] - 1 + j.
+    Equals `sequence_logprobs` of each completion after a prompt of the stream's first
+    starts[b, s] tokens, up to float rounding. Both outputs are 0 where completion_mask is False.
+    """
+    batch, capacity = tokens.shape
+    chex.assert_shape(valid, (batch, capacity))
+    chex.assert_rank([starts, completions, completion_mask], [2, 3, 3])
+    turns, length = completions.shape[1:]
+    slots = jnp.arange(capacity)
+    mask = valid[:, None, :] & (slots[None, None, :] <= slots[None, :, None])
+    positions = jnp.broadcast_to(slots, (batch, capacity))
+    hidden, _ = apply_hidden(graphdef, params, tokens.astype(jnp.int32), positions, mask)
+    at = jnp.clip(starts[:, :, None] - 1 + jnp.arange(length), 0, capacity - 1).reshape(batch, turns * length)
+    predicting = jnp.take_along_axis(hidden, at[:, :, None], axis=1)
+    logits = apply_logits(graphdef, params, predicting) / temperature
+    logp, entropy = _logp_and_entropy(logits, completions.reshape(batch, turns * length).astype(jnp.int32))
+    logp, entropy = logp.reshape(completions.shape), entropy.reshape(completions.shape)
+    completion_mask = completion_mask.astype(bool)
+    return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)

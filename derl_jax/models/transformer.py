@@ -380,7 +380,9 @@ class Transformer(nnx.Module):
         tokens, positions: i32[B, T]. attention_mask: bool[B, T, S], True where query t may
         read key s; S is the cache length with a cache, else T. Default: causal over cache
         positions (key s visible to query t iff s <= cache_index + t). With a cache, this call's
-        keys/values are written at cache positions [cache_index, cache_index + T).
+        keys/values are written at cache positions [cache_index, cache_index + T), or, with
+        cache_index i32[B, T], token t of row b at slot cache_index[b, t] (a slot outside the
+        cache is not written; an attention_mask is then required).
 
         last = n: only the hidden states of the last n positions are wanted ([B, n, D]; a prefill
         wants 1). The last layer then runs its queries, output projection and MLP, and the final
@@ -404,6 +406,11 @@ class Transformer(nnx.Module):
             raise ValueError(
                 f"Transformer: cache k has shape {cache.k.shape}, expected leading dims "
                 f"(num_layers={config.num_layers}, batch={batch})")
+        if cache_index.ndim not in (0, 2) or (cache_index.ndim == 2 and (
+                cache is None or attention_mask is None or cache_index.shape != (batch, length))):
+            raise ValueError(
+                f"Transformer: cache_index must be a scalar, or slots [B, T] = {(batch, length)} with a cache "
+                f"and an attention_mask, got shape {cache_index.shape}")
         if attention_mask is None:
             attention_mask = causal_mask(batch, length, key_length, cache_index)
         elif attention_mask.shape != (batch, length, key_length):

@@ -1,0 +1,165 @@
+"""Token streams (`sampling.Stream`): each token read once, and the same numbers as a prompt.
+
+An episode with the whole history is one stream: chunks appended to a KV cache, actions decoded
+after it, and one teacher-forced pass over the packed stream in the update. The references are
+the plain prompt functions (`prefill`, `sample`, `sequence_logprobs`) on prompts written out
+token by token from Python lists.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from derl_jax.models import sampling
+from derl_jax.models.transformer import init_params, tiny_config
+
+PAD, EOS, VOCAB = 0, 1, 23
+
+
+def tiny_model(seed: int = 0, max_position: int = 96):
+    config = tiny_config(VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                         max_position=max_position)
+    return init_params(config, jax.random.key(seed))
+
+
+def left_padded(rows: list[list[int]], width: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """i32[B, L] / bool[B, L] prompts of token lists, real tokens packed to the right."""
+    width = width or max(len(r) for r in rows)
+    tokens = np.full((len(rows), width), PAD, np.int32)
+    for b, row in enumerate(rows):
+        tokens[b, width - len(row):] = row
+    mask = np.arange(width)[None, :] >= width - np.array([len(r) for r in rows])[:, None]
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+def random_chunk(rng, batch: int, width: int, empty_rows=()) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk of tokens 2.. (never pad or eos) with holes anywhere; `empty_rows` have none."""
+    tokens = rng.integers(2, VOCAB, (batch, width)).astype(np.int32)
+    valid = rng.random((batch, width)) < 0.7
+    valid[list(empty_rows)] = False
+    return np.where(valid, tokens, PAD), valid
+
+
+def test_appended_chunks_read_like_one_prompt_of_their_tokens():
+    graphdef, params = tiny_model()
+    rng = np.random.default_rng(0)
+    batch, capacity = 3, 40
+    stream = sampling.start_stream(graphdef, params, batch, capacity, 4, PAD)
+    rows: list[list[int]] = [[] for _ in range(batch)]
+    append = jax.jit(sampling.append, static_argnums=0)
+    for width, empty in ((7, ()), (5, (1,)), (6, (0, 2))):
+        tokens, valid = random_chunk(rng, batch, width, empty)
+        stream = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
+        for b in range(batch):
+            rows[b] += tokens[b][valid[b]].tolist()
+    prompts, mask = left_padded(rows)
+    last, _ = sampling.prefill(graphdef, params, prompts, mask, prompts.shape[1])
+    np.testing.assert_allclose(np.asarray(stream.last_hidden), np.asarray(last), rtol=1e-5, atol=1e-5)
+    for b in range(batch):
+        assert int(stream.length[b]) == len(rows[b])
+        assert np.asarray(stream.tokens[b])[: len(rows[b])].tolist() == rows[b]
+        assert np.asarray(stream.valid[b]).tolist() == [s < len(rows[b]) for s in range(capacity)]
+    # decoding after the stream draws what sampling after the prompt draws, key for key
+    for greedy in (True, False):
+        key = jax.random.key(3)
+        out = sampling.stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                                     greedy=greedy)
+        want = sampling.sample(graphdef, params, prompts, mask, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                               greedy=greedy)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(want.tokens))
+        np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(want.mask))
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(want.logprobs), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_that_are_not_live_or_full_keep_what_they_hold():
+    graphdef, params = tiny_model()
+    rng = np.random.default_rng(1)
+    stream = sampling.start_stream(graphdef, params, 2, 9, 2, PAD)
+    tokens, valid = random_chunk(rng, 2, 6)
+    valid[:] = True
+    stream = sampling.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
+    before = stream
+    more, more_valid = random_chunk(rng, 2, 6)
+    more_valid[:] = True
+    stream = sampling.append(graphdef, params, stream, jnp.asarray(more), jnp.asarray(more_valid),
+                             live=jnp.array([False, True]))
+    # row 0 is not live: nothing changes; row 1 holds 9 of its 12 tokens and counts all 12
+    np.testing.assert_array_equal(np.asarray(stream.tokens[0]), np.asarray(before.tokens[0]))
+    np.testing.assert_array_equal(np.asarray(stream.last_hidden[0]), np.asarray(before.last_hidden[0]))
+    assert stream.length.tolist() == [6, 12]
+    assert np.asarray(stream.tokens[1]).tolist() == tokens[1].tolist() + more[1][:3].tolist()
+    assert bool(jnp.all(stream.valid[1]))
+    for layer in range(2):   # the decoder's scratch slots past the stream are not written by an overflow
+        np.testing.assert_array_equal(np.asarray(stream.cache.k[layer][:, :, 9:]), 0.0)
+
+
+def episode_streams(rng, batch: int, turns: int, length: int):
+    """Streams of `turns` turns (a random first chunk; per turn an action of 1..length tokens,
+    EOS-terminated or not, then an observation), written out token by token.
+
+    Returns (tokens i32[B, C], valid bool[B, C], starts i32[B, S], completions i32[B, S, T],
+    mask bool[B, S, T], turn_taken bool[B, S]); turns not taken keep their completions masked.
+    """
+    rows, starts = [], np.zeros((batch, turns), np.int32)
+    completions = np.full((batch, turns, length), PAD, np.int32)
+    mask = np.zeros((batch, turns, length), bool)
+    taken = rng.random((batch, turns)) < 0.8
+    taken[:, 0] = True
+    taken = np.cumprod(taken, axis=1).astype(bool)   # an episode ends and stays ended
+    for b in range(batch):
+        row = rng.integers(2, VOCAB, rng.integers(3, 7)).tolist()
+        for s in range(turns):
+            starts[b, s] = len(row)
+            said = int(rng.integers(0, length + 1))   # tokens before EOS; `length` means no EOS
+            action = rng.integers(2, VOCAB, said).tolist()
+            ended = said < length
+            completions[b, s, :said + ended] = action + [EOS] * ended
+            mask[b, s, :said + ended] = taken[b, s]
+            if taken[b, s]:
+                row += action + rng.integers(2, VOCAB, rng.integers(0, 4)).tolist()
+        rows.append(row)
+    capacity = max(len(r) for r in rows) + 2
+    tokens = np.full((batch, capacity), PAD, np.int32)
+    valid = np.zeros((batch, capacity), bool)
+    for b, row in enumerate(rows):
+        tokens[b, : len(row)], valid[b, : len(row)] = row, True
+    return tokens, valid, starts, completions, mask, taken
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradients(temperature):
+    """Each turn's completion scored in the packed pass equals its own row (the stream up to the
+    turn as a prompt, the completion after it), and so does the gradient of any weighting."""
+    graphdef, params = tiny_model(seed=2)
+    rng = np.random.default_rng(2)
+    batch, turns, length = 3, 4, 3
+    tokens, valid, starts, completions, mask, taken = episode_streams(rng, batch, turns, length)
+    weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
+
+    def packed(p):
+        logp, entropy = sampling.stream_logprobs(graphdef, p, jnp.asarray(tokens), jnp.asarray(valid),
+                                                 jnp.asarray(starts), jnp.asarray(completions), jnp.asarray(mask),
+                                                 temperature)
+        return jnp.sum(weights * logp), (logp, entropy)
+
+    prompts, prompt_mask = left_padded([tokens[b, : starts[b, s]].tolist() for b in range(batch)
+                                        for s in range(turns)])
+
+    def per_turn(p):
+        logp, entropy = sampling.sequence_logprobs(graphdef, p, prompts, prompt_mask,
+                                                   jnp.asarray(completions.reshape(-1, length)),
+                                                   jnp.asarray(mask.reshape(-1, length)), temperature)
+        logp, entropy = logp.reshape(mask.shape), entropy.reshape(mask.shape)
+        return jnp.sum(weights * logp), (logp, entropy)
+
+    (_, got), got_grads = jax.value_and_grad(packed, has_aux=True)(params)
+    (_, want), want_grads = jax.value_and_grad(per_turn, has_aux=True)(params)
+    assert np.asarray(mask).any(axis=-1).sum() > batch   # several turns of every kind are scored
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+        assert (np.asarray(a)[~mask] == 0).all()
+    for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
