@@ -1,7 +1,10 @@
 """GRPO as small pure functions.
 
 Shapes: B prompts, G samples per prompt (`group_size`), N = B*G rollouts, T generated tokens.
-Rollouts of one prompt sit next to each other: rows [b*G, (b+1)*G) share prompt b.
+Rollouts of one prompt sit next to each other: rows [b*G, (b+1)*G) share prompt b. Token
+arrays are [N, T], or [N, ..., T] when a row holds several sequences (the S turns of a
+multi-turn episode, [N, S, T]): a row's advantage covers all of them, and the per-sequence
+normalisations (`token_weights`) count each [T] slice as a sequence.
 
 Pieces, each usable on its own:
   sanitize_rewards    NaN/inf rewards -> 0, counted
@@ -96,15 +99,22 @@ def group_advantages(
 # ----------------------------------------------------------------------------- token losses
 
 
+def _check_rows(x: jax.Array) -> None:
+    """Token arrays are [N, T] (one sequence per row) or [N, ..., T] (several sequences per row,
+    e.g. the S turns of an episode: [N, S, T]); the last axis is a sequence's tokens."""
+    if jnp.ndim(x) < 2:
+        raise ValueError(f"grpo: token arrays must be [N, T] or [N, ..., T], got shape {jnp.shape(x)}")
+
+
 def ratio_and_clip(
     logp: jax.Array, old_logp: jax.Array, *, clip_low: float = 0.2, clip_high: float = 0.2
 ) -> tuple[jax.Array, jax.Array]:
     """Importance ratio exp(logp - old_logp) and its clip to [1 - clip_low, 1 + clip_high].
 
-    logp, old_logp: f32[N, T]. Returns (ratio f32[N, T], clipped_ratio f32[N, T]).
+    logp, old_logp: f32[N, T] (or f32[N, ..., T]). Returns (ratio, clipped_ratio), shaped as logp.
     """
     chex.assert_equal_shape([logp, old_logp])
-    chex.assert_rank(logp, 2)
+    _check_rows(logp)
     ratio = jnp.exp(logp - old_logp)
     return ratio, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
 
@@ -115,7 +125,7 @@ def _surrogate_and_clip_mask(logp, old_logp, advantages, mask, clip_low, clip_hi
     chex.assert_equal_shape([logp, old_logp, mask])
     chex.assert_shape(advantages, logp.shape[:1])
     ratio, clipped = ratio_and_clip(logp, old_logp, clip_low=clip_low, clip_high=clip_high)
-    adv = jnp.asarray(advantages, jnp.float32)[:, None]
+    adv = jnp.asarray(advantages, jnp.float32).reshape(logp.shape[:1] + (1,) * (logp.ndim - 1))
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
     per_token = jnp.where(mask, jnp.maximum(unclipped_loss, clipped_loss), 0.0)
@@ -177,7 +187,7 @@ def token_weights(mask: jax.Array, mode: str = "token_mean") -> tuple[jax.Array,
     the shards' weighted sums and counts add up to the batch's.
     """
     mask = jnp.asarray(mask, bool)
-    chex.assert_rank(mask, 2)
+    _check_rows(mask)
     tokens_per_seq = jnp.sum(mask, axis=-1, keepdims=True)
     if mode == "token_mean":
         weight, count = 1.0, jnp.sum(tokens_per_seq)
@@ -328,7 +338,7 @@ def grpo_loss_sums(
         if key not in batch:
             raise KeyError(f"grpo_loss: batch has no {key!r}; keys: {sorted(batch)}")
     mask = jnp.asarray(batch["mask"], bool)
-    chex.assert_rank(mask, 2)
+    _check_rows(mask)
     chex.assert_shape(batch["advantages"], mask.shape[:1])
     chex.assert_shape(batch["old_logp"], mask.shape)
     loss_weights, loss_count = token_weights(mask, cfg.loss_agg)
