@@ -63,7 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def default() -> ml_collections.ConfigDict:
     domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 200, "num_test": 60,
-              "held_out_kinds": (4, 5), "max_turns": 16, "history": 2, "prompt_budget": 128, "self_guide": False,
+              "held_out_kinds": (4, 5), "max_turns": 16, "history": "window", "window": 2, "prompt_budget": 128, "self_guide": False,
               "self_rewards": (0.1, 0.0, -0.1)}
     policy = {**common.SCRATCH_MODEL, "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}

@@ -3,11 +3,15 @@
 The environment is a few lines (below): the task names a target, each observation shows the
 counter, the first action token `inc` / `dec` moves it by one. A tiny policy trained from
 random initialisation by the same loop as the single-turn domains must learn to read the
-target; episodes are checked against a plain-Python replay of the same environment.
+target; episodes are checked against a plain-Python replay of the same environment. With the
+whole history (`history="full"`, one token stream per episode) every turn is checked against
+sampling after its whole prompt written out in Python, and the packed update against one row
+per turn.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import chex
@@ -20,11 +24,13 @@ from flax import struct
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.env import checked_step
 from derl_jax.expr import compile_expr, parse, stack_programs
+from derl_jax.models import sampling
 from derl_jax.models.transformer import init_params, tiny_config
+from derl_jax.parallel import make_mesh
 from derl_jax.rl import rollout as rollout_lib
 from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.device_evaluator import DeviceEvaluator
-from derl_jax.rl.grpo import GRPOConfig
+from derl_jax.rl.grpo import GRPOConfig, grpo_loss
 from derl_jax.rl.loop import make_inner_loop
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
@@ -79,7 +85,7 @@ def counter_split(count: int, seed: int) -> TokenDataset:
 
 
 @functools.lru_cache(maxsize=None)
-def counter_domain(history: int = 2) -> Domain:
+def counter_domain(history: int | str = 2) -> Domain:
     return Domain(name="counter", primitives=registry.resolve("agent", AGENT_PRIMITIVES), outcome_index=0,
                   train=counter_split(64, 0), test=counter_split(32, 1), tokenizer=WordTokenizer(), max_new_tokens=2,
                   eos_id=EOS, pad_id=PAD, rollout="env", env=CounterEnv(), history=history)
@@ -244,8 +250,6 @@ class HostCounterEnv:
 
 
 def test_a_host_environment_plays_the_same_episodes_inside_the_scan():
-    import dataclasses
-
     jax_domain = counter_domain()
     host_env = HostCounterEnv()
     host_domain = dataclasses.replace(jax_domain, env=host_env)
@@ -278,3 +282,133 @@ def test_evaluate_candidates_trains_for_the_steps_asked():
     _, metrics = jax.jit(make_inner_loop(domain, graphdef, CFG.replace(steps=3)).train)(
         params, jax.tree_util.tree_map(lambda x: x[0], programs), key, domain.train)
     np.testing.assert_allclose(results.curves["reward_mean"][0], metrics["reward_mean"], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the whole history
+
+
+def left_padded(rows, width: int | None = None):
+    """i32[B, L] / bool[B, L] prompts of token lists, real tokens packed to the right."""
+    width = width or max(len(r) for r in rows)
+    tokens = np.full((len(rows), width), PAD, np.int32)
+    for b, row in enumerate(rows):
+        tokens[b, width - len(row):] = row
+    return jnp.asarray(tokens), jnp.asarray(np.arange(width)[None, :] >= width - np.array([len(r) for r in rows])[:, None])
+
+
+def full_history_episodes(budget: int, greedy: bool, seed: int = 3):
+    """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled full-history episodes."""
+    domain = dataclasses.replace(counter_domain("full"), prompt_budget=budget)
+    graphdef, params = tiny_policy(counter_domain("full"), seed=seed)
+    batch = domain.train.take(np.arange(16))
+    key = jax.random.key(5)
+    run = rollout_lib.device_rollout(domain, graphdef, CFG)
+    episode, rows = jax.jit(run.fn, static_argnums=3)(params, batch, key, greedy)
+    return domain, graphdef, params, batch, key, episode, rows
+
+
+@pytest.mark.parametrize("budget, greedy", [(0, True), (0, False), (8, False)])
+def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greedy):
+    """Turn t of every episode draws, key for key, what `sample` draws after the prompt written out
+    in Python: the task, o_0, then each earlier action up to its EOS and the observation it led
+    to; a budget ends an episode before a turn whose prompt is longer."""
+    domain, graphdef, params, batch, key, episode, rows = full_history_episodes(budget, greedy)
+    env, turns = domain.env, domain.env.max_turns
+    tokens, mask, taken = (np.asarray(episode[k]) for k in ("tokens", "mask", "step_mask"))
+    states, streams, alive, ended_by_budget = [], [], np.ones(16, bool), 0
+    for n in range(16):
+        obs, state = env.reset(None, {k: v[n] for k, v in batch.context.items()})
+        states.append(state)
+        task = np.asarray(batch.prompts[n])[np.asarray(batch.prompt_mask[n])].tolist()
+        streams.append(task + np.asarray(obs).tolist())
+    turn_key = jax.random.split(key)[1]
+    for t in range(turns):
+        fits = np.array([len(s) <= (budget or 10**6) for s in streams])
+        ended_by_budget += int(np.sum(alive & ~fits))
+        alive &= fits
+        np.testing.assert_array_equal(taken[:, t], alive)
+        prompts, prompt_mask = left_padded(streams)
+        want = sampling.sample(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, t),
+                               max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
+        live = np.flatnonzero(alive)
+        np.testing.assert_array_equal(tokens[live, t], np.asarray(want.tokens)[live])
+        np.testing.assert_array_equal(mask[live, t], np.asarray(want.mask)[live])
+        np.testing.assert_allclose(np.asarray(rows["old_logp"])[live, t], np.asarray(want.sampling_logprobs)[live],
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(rows["starts"])[live, t], [len(streams[n]) for n in live])
+        for n in live:
+            said = [int(x) for x, m in zip(tokens[n, t], mask[n, t]) if m and x != EOS]
+            action = jnp.asarray(said + [PAD] * (2 - len(said)), jnp.int32)
+            obs, states[n], _, done, _ = env.step(states[n], action)
+            streams[n] = streams[n] + said + np.asarray(obs).tolist()
+            alive[n] &= not bool(done)
+    assert not mask[~taken].any()
+    assert (ended_by_budget > 0) == (budget > 0)
+    capacity = rows["stream"].shape[1]
+    for n in range(16):
+        kept = streams[n][:capacity]
+        assert np.asarray(rows["stream"][n])[: len(kept)].tolist() == kept
+        assert int(np.asarray(rows["stream_valid"][n]).sum()) == len(kept)
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+def test_the_packed_update_trains_like_one_row_per_turn(loss_agg):
+    """GRPO's loss, metrics and gradient through one teacher-forced pass per episode equal those
+    through one row per turn (the stream up to the turn as its prompt), and the recomputed
+    log-probs are the sampler's."""
+    domain, graphdef, params, _, _, _, packed = full_history_episodes(0, False)
+    count, turns, length = packed["completions"].shape
+    advantages = jnp.asarray(np.random.default_rng(0).normal(size=count).astype(np.float32))
+    starts = np.asarray(packed["starts"])
+    prompts, prompt_mask = left_padded([np.asarray(packed["stream"][n])[: starts[n, t]].tolist()
+                                        for n in range(count) for t in range(turns)], domain.prompt_length)
+    rows = {"prompts": prompts, "prompt_mask": prompt_mask, "advantages": jnp.repeat(advantages, turns),
+            **{k: packed[k].reshape(count * turns, length) for k in ("completions", "mask", "old_logp")}}
+    run = rollout_lib.device_rollout(domain, graphdef, CFG)
+    assert run.rows_per_episode == 1
+    logp, _ = run.logprobs(params, packed, 1.0)
+    taken = np.asarray(packed["mask"])
+    np.testing.assert_allclose(np.asarray(logp)[taken], np.asarray(packed["old_logp"])[taken], rtol=1e-5, atol=1e-5)
+    cfg = GRPOConfig(loss_agg=loss_agg, kl_coef=0.0)
+    loss = jax.value_and_grad(grpo_loss, has_aux=True)
+    (packed_loss, packed_metrics), packed_grads = loss(params, dict(packed, advantages=advantages),
+                                                       lambda p, b: run.logprobs(p, b, 1.0), cfg)
+    (row_loss, row_metrics), row_grads = loss(params, rows, lambda p, b: rollout_lib.row_logprobs(graphdef)(p, b, 1.0),
+                                              cfg)
+    assert abs(float(row_loss)) > 1e-4
+    np.testing.assert_allclose(packed_loss, row_loss, rtol=1e-5, atol=1e-7)
+    for name in row_metrics:
+        np.testing.assert_allclose(packed_metrics[name], row_metrics[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(jax.tree_util.tree_leaves(packed_grads), jax.tree_util.tree_leaves(row_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+
+
+def test_full_history_training_over_a_data_axis_equals_one_device():
+    domain = counter_domain("full")
+    graphdef, params = tiny_policy(domain)
+    cfg = CFG.replace(steps=3)
+    program = compile_expr(parse("g1 + 0.5*g2", list(domain.primitive_names)))
+    key = jax.random.key(7)
+    want_params, want = jax.jit(make_inner_loop(domain, graphdef, cfg).train)(params, program, key, domain.train)
+    mesh = make_mesh(1, 4, 1, devices=jax.devices()[:4])
+    got_params, got = jax.jit(make_inner_loop(domain, graphdef, cfg, mesh).train)(params, program, key, domain.train)
+    assert float(np.max(want["grad_norm"])) > 0
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    for a, b in zip(jax.tree_util.tree_leaves(got_params), jax.tree_util.tree_leaves(want_params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    again_params, again = jax.jit(make_inner_loop(domain, graphdef, cfg).train)(params, program, key, domain.train)
+    for name in want:   # same config and seed: the same run
+        np.testing.assert_array_equal(again[name], want[name])
+
+
+def test_grpo_with_the_whole_history_raises_the_success_rate():
+    domain = counter_domain("full")
+    graphdef, params = tiny_policy(domain)
+    evaluator = DeviceEvaluator(domain, graphdef, CFG, compiler_options=FAST_COMPILE)
+    programs = stack_programs([compile_expr(parse("g1", list(domain.primitive_names)))])
+    before = evaluator.accuracy(params, domain.test)
+    results = evaluator.evaluate_candidates(programs, params, jax.random.key(0), domain.train, domain.test)
+    curve = results.curves["primitive/outcome"][0]
+    assert curve[-8:].mean() > curve[:8].mean() + 0.2
+    assert results.scores[0] > before + 0.3

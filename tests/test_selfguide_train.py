@@ -53,7 +53,7 @@ def setup(tmp_path_factory):
     from configs import household
 
     cfg = household.get_config("sg_smoke")
-    cfg.domain.update(num_train=10, num_test=4, max_turns=4, history=1, self_rewards=SELF_REWARDS)
+    cfg.domain.update(num_train=10, num_test=4, max_turns=4, window=1, self_rewards=SELF_REWARDS)
     cfg.policy.update(sft_steps=30, sft_lr=1e-2, sft_batch_size=32)
     cfg.inner.update(steps=STEPS, prompts_per_step=2, group_size=2, kl_metric=False)
     spec = get_domain("household")

@@ -57,6 +57,7 @@ class TokenDataset:
 
 
 ROLLOUT_KINDS = ("device", "host", "env")
+FULL_HISTORY = "full"   # Domain.history: every turn since reset (an int W: the last W turns)
 INNER_TRAIN_FRACTION = 0.8  # the outer loop's 8:2 cut of the training split into inner-train and validation
 
 
@@ -80,10 +81,14 @@ class Domain:
                "mask": bool[N, T]} (mask True up to and including EOS) and the split's context rows;
       "host"   single-turn sampling, host primitives read decoded texts and `contexts(dataset)`;
       "env"    multi-turn episodes against `env` (`derl_jax.domains.env`); prompts hold the
-               task, then the last `history` actions and observations; primitives read
+               task, then the actions and observations of `history`; primitives read
                step_scores f32[N, S], step_mask bool[N, S], success f32[N].
-    prompt_budget: "env" only, the most tokens of a turn's prompt (0 = room for the whole window);
-      a longer window loses its oldest tokens (`derl_jax.rl.rollout.turn_prompts`).
+    history: "env" only: an int W >= 1, the last W turns (a window, re-read every turn), or
+      "full" (FULL_HISTORY), every turn since reset (one token stream per episode, each token
+      read once); see `derl_jax.rl.rollout`.
+    prompt_budget: "env" only, the most tokens of a turn's prompt (0 = room for the whole
+      history); a longer window loses its oldest tokens (`derl_jax.rl.rollout.turn_prompts`), a
+      full-history episode ends before a turn whose prompt would not fit.
     stop_ids: tokens that end a completion (default: eos only). bucket_sizes: allowed prompt
       lengths for host rollouts (() = the split's width).
     corpus: optional `corpus(seed, holdout_rows, options) -> [(prompt text, completion text)]`,
@@ -105,7 +110,7 @@ class Domain:
     stop_ids: tuple[int, ...] = ()
     bucket_sizes: tuple[int, ...] = ()
     env: Any = None
-    history: int = 2
+    history: int | str = 2
     prompt_budget: int = 0
     corpus: Callable[[int, Sequence[int], Any], list[tuple[str, str]]] | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -118,8 +123,9 @@ class Domain:
         if not 0 <= self.outcome_index < len(self.primitives):
             raise ValueError(f"domain {self.name!r}: outcome_index {self.outcome_index} is not one of its "
                              f"{len(self.primitives)} primitives")
-        if self.rollout == "env" and (self.env is None or self.history < 1):
-            raise ValueError(f"domain {self.name!r}: rollout 'env' needs an env and history >= 1")
+        if self.rollout == "env" and (self.env is None or not is_history(self.history)):
+            raise ValueError(f"domain {self.name!r}: rollout 'env' needs an env and a history of an int >= 1 or "
+                             f"{FULL_HISTORY!r}, got {self.history!r}")
         if self.prompt_budget and not (self.rollout == "env" and self.prompt_budget >= self._task_width):
             raise ValueError(f"domain {self.name!r}: prompt_budget {self.prompt_budget} needs rollout 'env' and "
                              f"room for the task prompt's {self._task_width} tokens")
@@ -140,7 +146,11 @@ class Domain:
         `prompt_budget`)."""
         width = self._task_width
         if self.rollout == "env":
-            width += self.history * (int(self.env.action_length) + int(self.env.obs_length))
+            turn = int(self.env.action_length) + int(self.env.obs_length)
+            if self.history == FULL_HISTORY:   # o_0, then every turn but the last one's action and observation
+                width += int(self.env.obs_length) + (int(self.env.max_turns) - 1) * turn
+            else:
+                width += int(self.history) * turn
         return min(width, self.prompt_budget) if self.prompt_budget else width
 
     @property
@@ -164,6 +174,13 @@ class Domain:
 
 
 TokenDomain = Domain
+
+
+def is_history(value: Any) -> bool:
+    """Whether `value` is a `Domain.history`: an int W >= 1 or "full"."""
+    if isinstance(value, str):
+        return value == FULL_HISTORY
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 def check_primitive_kinds(prims: Sequence[Primitive], kind: str, where: str) -> None:

@@ -52,7 +52,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate
-from derl_jax.models.sampling import sequence_logprobs
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, replicated
 from derl_jax.rl.config import InnerConfig, metric_names, progress
 from derl_jax.rl.grpo import group_advantages, grpo_update, make_optimizer, sanitize_rewards
@@ -134,9 +133,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
     data_split = update_split(mesh, minibatch_rows, update_groups)
 
     def completion_logprobs(params, update_batch, group_size=update_groups):
-        return sequence_logprobs(graphdef, params, update_batch["prompts"], update_batch["prompt_mask"],
-                                 update_batch["completions"], update_batch["mask"], cfg.temperature,
-                                 group_size=group_size)
+        return rollout.logprobs(params, update_batch, cfg.temperature, group_size)
 
     def train(params, program: Program, key, dataset: TokenDataset):
         num_examples = dataset.size

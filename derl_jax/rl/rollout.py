@@ -19,14 +19,28 @@ reports info["self_reward"]); `update_batch` holds the rows GRPO trains on
 (prompts i32[R, Tp], prompt_mask, completions i32[R, T], mask bool[R, T] True on policy
 tokens only, old_logp f32[R, T]) with R = N * rows_per_episode, episode-major.
 
-Multi-turn prompts (turn t of an episode, W = `Domain.history`): the task's prompt tokens,
-then for j = t-W .. t-1 the policy's action a_j followed by the observation o_{j+1} it led to
-(o_0, from reset, is the last slot at t = 0); missing turns are padding. Real tokens are
-packed to the right (left padding), so every turn's prompt has the fixed length
-P = `Domain.prompt_length` (at most Tp + W * (A + O); a shorter P drops a long window's oldest
-tokens, `turn_prompts`). Action tokens enter later prompts without their EOS. An episode ends when
-the environment says `done` or after S = env.max_turns turns; turns after the end are
-masked out of the loss and of the step scores.
+Multi-turn prompts (turn t of an episode) depend on `Domain.history`:
+
+  W (an int, a window)  the task's prompt tokens, then for j = t-W .. t-1 the policy's action
+      a_j followed by the observation o_{j+1} it led to (o_0, from reset, is the last slot at
+      t = 0); missing turns are padding. Real tokens are packed to the right (left padding), so
+      every turn's prompt has the fixed length P = `Domain.prompt_length` (at most
+      Tp + W * (A + O); a shorter P drops a long window's oldest tokens, `turn_prompts`). Action
+      tokens enter later prompts without their EOS (and without pad tokens). Every turn's prompt
+      is run through the model anew (`window_episodes`); the update trains on one row per turn
+      (prompt, action), R = N * S rows.
+  "full"  the whole episode so far: the task, o_0, then a_0 o_1 a_1 o_2 ... a_{t-1} o_t, as one
+      token stream per episode that is read once (`stream_episodes`): each observation and
+      each action is appended to the episode's KV cache (`sampling.Stream`) and never run
+      again, and the update runs one teacher-forced pass per episode over the packed stream
+      (`sampling.stream_logprobs`), R = N rows of S turns (update leaves [N, S, A]). An action
+      enters the stream as generated, up to its EOS. The same tokens in a window of W >= t + 1
+      turns give turn t the same prompt (when no action holds a pad token before its EOS). With
+      `Domain.prompt_budget` = P > 0, an episode also ends before a turn whose prompt would
+      exceed P tokens; the stream holds C = P + A slots.
+
+An episode ends when the environment says `done` or after S = env.max_turns turns; turns after
+the end are masked out of the loss and of the step scores.
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from derl_jax.domains.base import TokenDataset
+from derl_jax.domains.base import FULL_HISTORY, TokenDataset
 from derl_jax.domains.env import checked_reset, checked_step, is_host_env
 from derl_jax.models import sampling
 from derl_jax.rl.host_env import HostEnvBridge
@@ -52,14 +66,37 @@ class DeviceRollout:
     """A rollout stage that runs inside the jitted loop (module docstring).
 
     fn(params, batch, key, greedy) -> (episode, update_batch)
-    rows_per_episode: R / N (1 single-turn, S multi-turn).
+    rows_per_episode: R / N (1 single-turn, S multi-turn with a window, 1 with the full history).
     prefill_group: rows that share one prompt in update_batch and may be prefilled once (G
       for single-turn batches built from G copies of each prompt, 1 multi-turn).
+    logprobs(params, update_batch, temperature, group_size) -> (logp, entropy), each shaped as
+      update_batch["mask"]: the teacher-forced log-probs of the update rows' completions (the
+      rows keep their order in groups of `group_size` that share a prompt).
     """
 
     fn: Callable
     rows_per_episode: int
     prefill_group: int
+    logprobs: Callable
+
+
+def row_logprobs(graphdef: nnx.GraphDef) -> Callable:
+    """`DeviceRollout.logprobs` of update rows (prompts, prompt_mask, completions, mask)."""
+    def logprobs(params, rows, temperature: float, group_size: int = 1):
+        return sampling.sequence_logprobs(graphdef, params, rows["prompts"], rows["prompt_mask"], rows["completions"],
+                                          rows["mask"], temperature, group_size=group_size)
+
+    return logprobs
+
+
+def stream_row_logprobs(graphdef: nnx.GraphDef) -> Callable:
+    """`DeviceRollout.logprobs` of episode streams (stream, stream_valid, starts, completions, mask)."""
+    def logprobs(params, rows, temperature: float, group_size: int = 1):
+        del group_size   # every row is its own episode
+        return sampling.stream_logprobs(graphdef, params, rows["stream"], rows["stream_valid"], rows["starts"],
+                                        rows["completions"], rows["mask"], temperature)
+
+    return logprobs
 
 
 def _generate(graphdef, params, prompts, prompt_mask, key, *, domain, cfg, greedy, group_size):
@@ -82,7 +119,7 @@ def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callab
                         "mask": out.mask, "old_logp": out.sampling_logprobs}
         return episode, update_batch
 
-    return DeviceRollout(fn=fn, rows_per_episode=1, prefill_group=group)
+    return DeviceRollout(fn=fn, rows_per_episode=1, prefill_group=group, logprobs=row_logprobs(graphdef))
 
 
 # ----------------------------------------------------------------------------- multi-turn
@@ -128,19 +165,43 @@ def _shift_in(history: jax.Array, latest: jax.Array) -> jax.Array:
     return jnp.concatenate([history[:, 1:], latest[:, None]], axis=1)
 
 
-def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
-    """Multi-turn rollouts against `domain.env`, every turn in one scan: a pure JAX environment
-    runs in the scan itself, a host environment through `HostEnvBridge` callbacks."""
-    env, window, pad, eos = domain.env, int(domain.history), domain.pad_id, domain.eos_id
+def _episode_env(domain: Any, cfg: Any):
+    """(env (a host environment behind `HostEnvBridge`), vmapped reset, vmapped step) of a
+    multi-turn domain whose actions are `cfg.max_new_tokens` tokens."""
+    env = domain.env
     if is_host_env(env):
         env = HostEnvBridge(env)
-    turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
-    length = int(domain.prompt_length)   # a split narrower than the widest keeps its own full width
-    if act_len != cfg.max_new_tokens:
-        raise ValueError(f"multi-turn domain {domain.name!r}: env.action_length={act_len} but the policy "
+    if int(env.action_length) != cfg.max_new_tokens:
+        raise ValueError(f"multi-turn domain {domain.name!r}: env.action_length={env.action_length} but the policy "
                          f"generates max_new_tokens={cfg.max_new_tokens} tokens per turn")
     reset = jax.vmap(lambda key, task: checked_reset(env, key, task))
     step = jax.vmap(lambda state, action: checked_step(env, state, action))
+    return env, reset, step
+
+
+def _keep(alive: jax.Array) -> Callable:
+    """keep(new, old): `new` on the rows where `alive` bool[N] holds, `old` elsewhere."""
+    return lambda new, old: jnp.where(alive.reshape(alive.shape + (1,) * (new.ndim - 1)), new, old)
+
+
+def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
+    """Multi-turn rollouts against `domain.env`, every turn in one scan (a pure JAX environment
+    runs in the scan itself, a host environment through `HostEnvBridge` callbacks): the whole
+    history in one stream per episode (`stream_episodes`) or a window re-read every turn
+    (`window_episodes`), as `domain.history` says."""
+    if domain.history == FULL_HISTORY:
+        return stream_episodes(domain, graphdef, cfg, over_data)
+    return window_episodes(domain, graphdef, cfg, over_data)
+
+
+def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x
+                    ) -> DeviceRollout:
+    """Episodes whose turn t prompt is the task and the last W turns, built and prefilled anew
+    every turn; one update row per turn (module docstring)."""
+    env, reset, step = _episode_env(domain, cfg)
+    window, pad, eos = int(domain.history), domain.pad_id, domain.eos_id
+    turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
+    length = int(domain.prompt_length)   # a split narrower than the widest keeps its own full width
 
     def fn(params, batch: TokenDataset, key, greedy: bool):
         count = batch.size
@@ -158,7 +219,7 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
                             domain=domain, cfg=cfg, greedy=greedy, group_size=1)
             action = jnp.where(out.mask & (out.tokens != eos), out.tokens, pad)
             obs, new_state, _, done, info = step(state, action)
-            keep = lambda new, old: jnp.where(alive.reshape(alive.shape + (1,) * (new.ndim - 1)), new, old)  # noqa: E731
+            keep = _keep(alive)
             state = jax.tree_util.tree_map(keep, new_state, state)
             observations = keep(_shift_in(observations, obs), observations)
             actions = keep(_shift_in(actions, action), actions)
@@ -181,7 +242,65 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
                 for name in ("prompts", "prompt_mask", "completions", "mask", "old_logp")}
         return episode, rows
 
-    return DeviceRollout(fn=fn, rows_per_episode=turns, prefill_group=1)
+    return DeviceRollout(fn=fn, rows_per_episode=turns, prefill_group=1, logprobs=row_logprobs(graphdef))
+
+
+def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x
+                    ) -> DeviceRollout:
+    """Episodes that see their whole history, each read once as a token stream: the task and o_0
+    are prefilled, then every turn decodes an action after the stream and appends the action
+    (up to its EOS) and the observation it led to (module docstring). The update batch holds
+    one row per episode: stream i32[N, C], stream_valid bool[N, C], starts i32[N, S] (the
+    prompt length of each turn), completions i32[N, S, A], mask bool[N, S, A] (True on the
+    tokens of the turns taken, up to and including EOS), old_logp f32[N, S, A]."""
+    env, reset, step = _episode_env(domain, cfg)
+    pad, eos = domain.pad_id, domain.eos_id
+    turns, act_len = int(env.max_turns), int(env.action_length)
+    budget = int(domain.prompt_length)   # the longest prompt of a turn
+    capacity = budget + act_len
+
+    def fn(params, batch: TokenDataset, key, greedy: bool):
+        count = batch.size
+        reset_key, turn_key = jax.random.split(key)
+        obs, state = reset(jax.random.split(reset_key, count), dict(batch.context))
+        stream = sampling.start_stream(graphdef, params, count, capacity, act_len, pad)
+        first = jnp.concatenate([batch.prompts, obs], axis=1)
+        first_valid = jnp.concatenate([batch.prompt_mask, obs != pad], axis=1)
+        stream = sampling.append(graphdef, params, stream, over_data(first), over_data(first_valid))
+
+        def turn(carry, index):
+            state, stream, alive, success = carry
+            alive = alive & (stream.length <= budget)
+            out = sampling.stream_decode(graphdef, params, stream, jax.random.fold_in(turn_key, index),
+                                         max_new_tokens=act_len, eos_id=eos, pad_id=pad, temperature=cfg.temperature,
+                                         top_k=cfg.top_k, greedy=greedy)
+            said = out.mask & (out.tokens != eos)   # the action up to its EOS
+            action = jnp.where(said, out.tokens, pad)
+            obs, new_state, _, done, info = step(state, action)
+            state = jax.tree_util.tree_map(_keep(alive), new_state, state)
+            starts = stream.length
+            stream = sampling.append(graphdef, params, stream, over_data(jnp.concatenate([out.tokens, obs], axis=1)),
+                                     over_data(jnp.concatenate([said, obs != pad], axis=1)), live=alive)
+            success = jnp.where(alive, jnp.maximum(success, info["success"].astype(jnp.float32)), success)
+            record = {"starts": starts, "completions": out.tokens, "mask": out.mask & alive[:, None],
+                      "old_logp": out.sampling_logprobs, "step_score": info["step_score"].astype(jnp.float32),
+                      "alive": alive}
+            if "self_reward" in info:   # an environment with self-assessment (Self-Guide)
+                record["self_reward"] = info["self_reward"].astype(jnp.float32)
+            return (state, stream, alive & ~done, success), record
+
+        carry = (state, stream, jnp.ones((count,), bool), jnp.zeros((count,), jnp.float32))
+        (_, stream, _, success), records = jax.lax.scan(turn, carry, jnp.arange(turns))
+        per_episode = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), records)  # [N, S, ...]
+        episode = {"step_scores": per_episode["step_score"], "step_mask": per_episode["alive"], "success": success,
+                   "tokens": per_episode["completions"], "mask": per_episode["mask"]}
+        if "self_reward" in per_episode:
+            episode["self_rewards"] = per_episode["self_reward"]
+        rows = {"stream": stream.tokens, "stream_valid": stream.valid,
+                **{name: per_episode[name] for name in ("starts", "completions", "mask", "old_logp")}}
+        return episode, rows
+
+    return DeviceRollout(fn=fn, rows_per_episode=1, prefill_group=1, logprobs=stream_row_logprobs(graphdef))
 
 
 def device_rollout(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:

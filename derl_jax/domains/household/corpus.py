@@ -3,7 +3,9 @@
 `sft_corpus(tasks, seed, perturb_rate)` plays every task once with the perturbed expert
 (expert.py) through the jitted, vmapped environment and returns one (prompt, action) pair per
 turn taken: the prompt as `build_prompt` writes it (BOS, the task, the last W actions and the
-observations they led to; no padding) and the action's tokens (tag first, no padding, no EOS). Perturbed turns
+observations they led to, or with window "full" every turn so far; no padding) and the action's
+tokens (tag first, no padding, no EOS). With the full history and a prompt budget, the turns
+whose prompt exceeds it are left out, as the rollout ends an episode there. Perturbed turns
 keep their random action and tag, so the corpus mixes correct and incorrect behaviour at about
 `perturb_rate`. With a self-guide environment every action starts with the expert's
 self-assessment (selfguide.py).
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from derl_jax.domains.base import FULL_HISTORY
 from derl_jax.domains.household import vocab
 from derl_jax.domains.household.actions import truncate_at_eos
 from derl_jax.domains.household.env import HouseholdEnv
@@ -65,21 +68,25 @@ def play(tasks: Task, key: jax.Array, perturb_rate: jax.Array, env: HouseholdEnv
 
 
 def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv | None = None,
-               window: int = DEFAULT_WINDOW, length: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+               window: int | str = DEFAULT_WINDOW, length: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(prompt i32[p], action i32[a]) per turn taken, episodes in task order, turns in order; p <=
-    `length` when given (the rollout's prompt budget)."""
+    `length` when given (the rollout's prompt budget: a window is cut to it, a "full" history
+    turn beyond it is left out)."""
     if not 0.0 <= perturb_rate <= 1.0:
         raise ValueError(f"household sft_corpus: perturb_rate must be in [0, 1], got {perturb_rate}")
     env = env or HouseholdEnv()
+    full = window == FULL_HISTORY
     count = tasks.size
     padded = -(-count // PLAY_BUCKET) * PLAY_BUCKET     # one compiled `play` serves every corpus size up to it
     rows = np.minimum(np.arange(padded), count - 1)
     prompts, prompt_mask, actions, episodes = jax.device_get(
-        play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env, int(window),
-             None if length is None else int(length)))
+        play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env,
+             int(env.max_turns) if full else int(window), None if full or length is None else int(length)))
     corpus = []
     for episode in range(count):
         for turn in np.flatnonzero(episodes["step_mask"][episode]):
+            if full and length is not None and prompt_mask[episode, turn].sum() > length:
+                break   # the rollout ends the episode before this turn
             action = actions[episode, turn]
             corpus.append((prompts[episode, turn][prompt_mask[episode, turn]].astype(np.int32),
                            action[action != vocab.PAD_ID].astype(np.int32)))

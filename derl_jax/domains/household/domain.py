@@ -3,9 +3,13 @@
 Config block `domain` (configs/household.py):
   kind="household"; level: "L0" | "L1" | "L2"; seed: task generation and seen/unseen split;
   num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
-  into tasks.KINDS); max_turns: turns per episode; history: the prompt window W;
-  prompt_budget (default 0: room for the whole window): the most tokens of a turn's prompt,
-  0 or >= the task prompt's 77; a longer window loses its oldest tokens (rollout and corpus alike);
+  into tasks.KINDS); max_turns: turns per episode; history: what a turn's prompt holds besides
+  the task, "window" (the last `window` turns, re-read every turn) or "full" (every turn since
+  reset, one token stream per episode read once; see derl_jax.rl.rollout); window: W (default 2;
+  an int `history` is read as a window of that many turns);
+  prompt_budget (default 0: room for the whole history): the most tokens of a turn's prompt,
+  0 or >= the task prompt's 77; a longer window loses its oldest tokens, a full-history episode
+  ends before a turn whose prompt would not fit (rollout and corpus alike);
   self_guide (default False): the policy writes a self-assessment word before each action
   (Self-Guide, see selfguide.py), mapped to the internal rewards self_rewards (default
   (0.1, 0.0, -0.1) for progress+ / progress= / progress-); adds the primitive g_sg.
@@ -33,7 +37,7 @@ import numpy as np
 import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, boolean, choice, config_value, int_at_least, int_tuple, is_number,
                              optional_fraction)
-from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains.base import FULL_HISTORY, Domain, TokenDataset
 from derl_jax.domains.household import corpus as household_corpus
 from derl_jax.domains.household import tasks as T
 from derl_jax.domains.household import vocab
@@ -82,13 +86,26 @@ def make_household_domain(cfg: Any) -> Domain:
         pad_id=vocab.PAD_ID,
         rollout="env",
         env=env,
-        history=int(cfg.history),
+        history=domain_history(cfg),
         prompt_budget=int(cfg.get("prompt_budget", 0)),
         info={"level": str(cfg.level), "seed": int(cfg.seed), "train_kinds": [T.KINDS[k] for k in train_kinds],
               "test_kinds": [T.KINDS[k] for k in test_kinds], "test_unseen": unseen,
               "type_split": dataclasses.asdict(T.type_split(int(cfg.seed)))},
     )
     return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+HISTORIES = ("window", FULL_HISTORY)
+DEFAULT_WINDOW = 2
+
+
+def domain_history(domain_cfg: Any) -> int | str:
+    """`Domain.history` of a `config.domain` block: "full", or the window W (from `window` when
+    history is "window"; an int history is itself the window)."""
+    history = domain_cfg.get("history", "window")
+    if isinstance(history, str):
+        return FULL_HISTORY if history == FULL_HISTORY else int(domain_cfg.get("window", DEFAULT_WINDOW))
+    return int(history)
 
 
 def household_primitive_names(domain_cfg: Any) -> tuple[str, ...]:
@@ -136,7 +153,14 @@ def validate_household_config(cfg: Any) -> None:
     int_at_least(cfg, "domain.num_train", 5)
     int_at_least(cfg, "domain.num_test", 1)
     int_at_least(cfg, "domain.max_turns", 1)
-    int_at_least(cfg, "domain.history", 1)
+    history = config_value(cfg, "domain.history")
+    if isinstance(history, str):
+        if history not in HISTORIES:
+            raise ConfigError(f"config.domain.history must be one of {HISTORIES} (or an int window), got {history!r}")
+        if "window" in config_value(cfg, "domain"):
+            int_at_least(cfg, "domain.window", 1)
+    else:
+        int_at_least(cfg, "domain.history", 1)
     if "prompt_budget" in config_value(cfg, "domain"):
         budget = int_at_least(cfg, "domain.prompt_budget", 0)
         if 0 < budget < TASK_PROMPT_LENGTH:
