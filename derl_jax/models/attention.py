@@ -202,15 +202,19 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array) -> j
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads * head_dim)
 
 
-def _attention_probs(q: jax.Array, k: jax.Array, score_bias: jax.Array, scale: float, group: int) -> jax.Array:
-    """f32[B, K, G*T, S]: softmax over keys of scale * (q . k) + score_bias (broadcast over K and G)."""
+def _attention_weights(q: jax.Array, k: jax.Array, score_bias: jax.Array, scale: float, group: int
+                       ) -> tuple[jax.Array, jax.Array]:
+    """(weights f32[B, K, G*T, S], inverse f32[B, K, G*T, 1]): the softmax over keys of
+    scale * (q . k) + score_bias (broadcast over K and G) is weights * inverse, weights =
+    exp(score - its row maximum) and inverse = 1 / (their row sum)."""
     batch, kv_heads, rows, _ = q.shape
     scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
     scores = scores.reshape(batch, kv_heads, group, rows // group, k.shape[2])
     if scale != 1.0:
         scores = scores * scale
-    probs = jax.nn.softmax(scores + score_bias[:, None, None, :, :], axis=-1)
-    return probs.reshape(batch, kv_heads, rows, k.shape[2])
+    scores = scores + score_bias[:, None, None, :, :]
+    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)).reshape(batch, kv_heads, rows, k.shape[2])
+    return weights, 1.0 / jnp.sum(weights, axis=-1, keepdims=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -229,8 +233,12 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.
 
 
 def _grouped_attention_fwd(q, k, v, score_bias, scale, group):
-    probs = _attention_probs(q, k, score_bias, scale, group).astype(q.dtype)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    # the output is normalised after the product with v (G*T*Dh divisions instead of G*T*S);
+    # the probabilities are formed only for the backward pass
+    weights, inverse = _attention_weights(q, k, score_bias, scale, group)
+    out = (jnp.einsum("bkqs,bksd->bkqd", weights.astype(q.dtype), v, preferred_element_type=jnp.float32)
+           * inverse).astype(q.dtype)
+    probs = (weights * inverse).astype(q.dtype)
     return out, (q, k, v, probs, out)
 
 
