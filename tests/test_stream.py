@@ -74,6 +74,30 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(want.logprobs), rtol=1e-5, atol=1e-5)
 
 
+def test_appending_in_rounds_of_a_few_tokens_gives_the_same_stream():
+    """A chunk appended `width` valid tokens per row at a time (as many rounds as its fullest row
+    needs) leaves the stream one `append` of the whole chunk leaves."""
+    graphdef, params = tiny_model()
+    rng = np.random.default_rng(4)
+    stream = sampling.start_stream(graphdef, params, 3, 40, 3, PAD)
+    first, first_valid = random_chunk(rng, 3, 6)
+    stream = sampling.append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
+    tokens, valid = random_chunk(rng, 3, 11, empty_rows=(2,))
+    live = jnp.array([True, True, False])
+    whole = sampling.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
+    rounds = jax.jit(sampling.append_in_rounds, static_argnums=(0, 5))(
+        graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), 3, live)
+    assert int(valid[0].sum()) > 3   # row 0 needs more than one round
+    for name in ("tokens", "valid", "length"):
+        np.testing.assert_array_equal(np.asarray(getattr(rounds, name)), np.asarray(getattr(whole, name)), err_msg=name)
+    np.testing.assert_allclose(np.asarray(rounds.last_hidden), np.asarray(whole.last_hidden), rtol=1e-5, atol=1e-5)
+    held = np.asarray(whole.valid)
+    for layer in range(2):
+        for got, want in ((rounds.cache.k[layer], whole.cache.k[layer]), (rounds.cache.v[layer], whole.cache.v[layer])):
+            got, want = np.moveaxis(np.asarray(got)[:, :, :40], 2, 1), np.moveaxis(np.asarray(want)[:, :, :40], 2, 1)
+            np.testing.assert_allclose(got[held], want[held], rtol=1e-5, atol=1e-5)
+
+
 def test_rows_that_are_not_live_or_full_keep_what_they_hold():
     graphdef, params = tiny_model()
     rng = np.random.default_rng(1)
@@ -129,8 +153,8 @@ def episode_streams(rng, batch: int, turns: int, length: int):
     return tokens, valid, starts, completions, mask, taken
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradients(temperature):
+@pytest.mark.parametrize("temperature, block", [(1.0, sampling.STREAM_BLOCK), (0.7, 5)])
+def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradients(temperature, block):
     """Each turn's completion scored in the packed pass equals its own row (the stream up to the
     turn as a prompt, the completion after it), and so does the gradient of any weighting."""
     graphdef, params = tiny_model(seed=2)
@@ -142,7 +166,7 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
     def packed(p):
         logp, entropy = sampling.stream_logprobs(graphdef, p, jnp.asarray(tokens), jnp.asarray(valid),
                                                  jnp.asarray(starts), jnp.asarray(completions), jnp.asarray(mask),
-                                                 temperature)
+                                                 temperature, block=block)
         return jnp.sum(weights * logp), (logp, entropy)
 
     prompts, prompt_mask = left_padded([tokens[b, : starts[b, s]].tolist() for b in range(batch)

@@ -488,6 +488,32 @@ def append(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: ja
                   last_hidden=jnp.where(any_new[:, None], hidden[:, -1], stream.last_hidden))
 
 
+def append_in_rounds(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: jax.Array,
+                     valid: jax.Array, width: int, live: jax.Array | None = None) -> Stream:
+    """`append` of the valid tokens of tokens i32[B, T] / valid bool[B, T], `width` of them per
+    row at a time, in as many rounds as the row with the most valid tokens needs (a
+    `lax.while_loop`): a chunk that is mostly padding (an observation slot of which a few words
+    are used) costs what its longest row holds, not T. Same stream as one `append` (up to float
+    rounding); rows where `live` is False are left as they were."""
+    batch, total = tokens.shape
+    live = jnp.ones((batch,), bool) if live is None else live
+    valid = valid.astype(bool) & live[:, None]
+    order = jnp.argsort(~valid, axis=-1, stable=True)    # the valid tokens first, in order
+    tokens, valid = jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(valid, order, axis=-1)
+    padded = -(-total // width) * width
+    tokens = jnp.pad(tokens, ((0, 0), (0, padded - total)))
+    valid = jnp.pad(valid, ((0, 0), (0, padded - total)))
+    rounds = -(-jnp.max(jnp.sum(valid, axis=1, dtype=jnp.int32)) // width)
+
+    def one_round(carry):
+        index, stream = carry
+        take = lambda x: jax.lax.dynamic_slice_in_dim(x, index * width, width, axis=1)  # noqa: E731
+        return index + 1, append(graphdef, params, stream, take(tokens), take(valid))
+
+    _, stream = jax.lax.while_loop(lambda carry: carry[0] < rounds, one_round, (jnp.int32(0), stream))
+    return stream
+
+
 def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key: jax.Array, *,
                   max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
                   greedy: bool = False) -> SampleOutput:
@@ -505,9 +531,40 @@ def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key
     return out
 
 
+STREAM_BLOCK = 128
+"""Queries per block of `causal_hidden`'s pass over a stream (see there)."""
+
+
+def causal_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, valid: jax.Array,
+                  block: int = STREAM_BLOCK) -> jax.Array:
+    """Hidden states [B, C, D] of packed streams (tokens i32[B, C], valid bool[B, C]; token t at
+    position t, reading the valid tokens up to itself), computed in blocks of `block` queries.
+
+    Block i runs through the model with a cache of the blocks before it, so it reads (i + 1) *
+    block keys, not C: about half the attention of one causal pass over C, and arrays that stay
+    small (the attention's cost on a CPU grows faster than its size once they leave the cache).
+    Equals one causal forward over C up to float rounding.
+    """
+    batch, capacity = tokens.shape
+    config = config_of(graphdef, params)
+    slots = jnp.arange(capacity)
+    cache = init_head_major_cache(config, batch, 0)
+    hidden = []
+    for start in range(0, capacity, block):
+        end = min(capacity, start + block)
+        grow = lambda arrays: tuple(jnp.pad(a, ((0, 0), (0, 0), (0, end - start), (0, 0))) for a in arrays)  # noqa: E731
+        cache = HeadMajorCache(k=grow(cache.k), v=grow(cache.v))
+        mask = valid[:, None, :end] & (slots[None, None, :end] <= slots[None, start:end, None])
+        positions = jnp.broadcast_to(slots[start:end], (batch, end - start))
+        out, cache = apply_hidden(graphdef, params, tokens[:, start:end].astype(jnp.int32), positions, mask, cache,
+                                  start)
+        hidden.append(out)
+    return jnp.concatenate(hidden, axis=1)
+
+
 def stream_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, valid: jax.Array,
                     starts: jax.Array, completions: jax.Array, completion_mask: jax.Array,
-                    temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+                    temperature: float = 1.0, block: int = STREAM_BLOCK) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced (logp, entropy) f32[B, S, T] of S completions per stream, in one causal
     forward over each stream.
 
@@ -518,15 +575,13 @@ def stream_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array
     right after them: token j of it is predicted by the hidden state at slot starts[b, s] - 1 + j.
     Equals `sequence_logprobs` of each completion after a prompt of the stream's first
     starts[b, s] tokens, up to float rounding. Both outputs are 0 where completion_mask is False.
+    The pass runs in blocks of `block` queries (`causal_hidden`).
     """
     batch, capacity = tokens.shape
     chex.assert_shape(valid, (batch, capacity))
     chex.assert_rank([starts, completions, completion_mask], [2, 3, 3])
     turns, length = completions.shape[1:]
-    slots = jnp.arange(capacity)
-    mask = valid[:, None, :] & (slots[None, None, :] <= slots[None, :, None])
-    positions = jnp.broadcast_to(slots, (batch, capacity))
-    hidden, _ = apply_hidden(graphdef, params, tokens.astype(jnp.int32), positions, mask)
+    hidden = causal_hidden(graphdef, params, tokens, valid, block)
     at = jnp.clip(starts[:, :, None] - 1 + jnp.arange(length), 0, capacity - 1).reshape(batch, turns * length)
     predicting = jnp.take_along_axis(hidden, at[:, :, None], axis=1)
     logits = apply_logits(graphdef, params, predicting) / temperature

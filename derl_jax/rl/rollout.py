@@ -59,6 +59,7 @@ from derl_jax.models import sampling
 from derl_jax.rl.host_env import HostEnvBridge
 
 ROLLOUT_KINDS = ("device", "host", "env")
+APPEND_WIDTH = 16   # tokens per row and round when a turn's action and observation join an episode's stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +280,10 @@ def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             obs, new_state, _, done, info = step(state, action)
             state = jax.tree_util.tree_map(_keep(alive), new_state, state)
             starts = stream.length
-            stream = sampling.append(graphdef, params, stream, over_data(jnp.concatenate([out.tokens, obs], axis=1)),
-                                     over_data(jnp.concatenate([said, obs != pad], axis=1)), live=alive)
+            stream = sampling.append_in_rounds(graphdef, params, stream,
+                                               over_data(jnp.concatenate([out.tokens, obs], axis=1)),
+                                               over_data(jnp.concatenate([said, obs != pad], axis=1)), APPEND_WIDTH,
+                                               live=alive)
             success = jnp.where(alive, jnp.maximum(success, info["success"].astype(jnp.float32)), success)
             record = {"starts": starts, "completions": out.tokens, "mask": out.mask & alive[:, None],
                       "old_logp": out.sampling_logprobs, "step_score": info["step_score"].astype(jnp.float32),
