@@ -144,3 +144,36 @@ def test_config_presets_pass_every_check(preset):
     reference = common.base("x", {}, {})
     for block in ("inner", "meta", "outer", "evolution", "final", "compare", "mesh", "primitives"):
         assert set(cfg[block].keys()) == set(reference[block].keys()), block
+
+
+def test_full_history_corpus_packs_each_episode_into_one_stream_read_once():
+    """With history "full" every corpus prompt is the episode so far (each continues the previous
+    prompt and action), the warm start packs an episode into one stream, and its loss over the
+    streams equals the loss over the pairs (one row per turn), gradients included."""
+    from derl_jax.models.transformer import init_params, tiny_config
+    from derl_jax.rl import sft
+
+    built = get_domain("household").build(config(history="full", max_turns=8, prompt_budget=260))
+    assert built.history == "full" and built.prompt_length == 260
+    texts = built.corpus(2, [], {"sft_perturb_rate": 0.3})
+    streams = sft.pack_corpus(built.tokenizer, texts, built.prompt_length + built.max_new_tokens,
+                              built.max_new_tokens)
+    assert streams.turns == len(texts) and 1 < streams.size < len(texts)
+    row, turn, words = 0, 0, built.tokenizer
+    for prompt, action in texts:   # every pair is one turn of a stream, in order
+        if turn == int(np.asarray(streams.completion_mask[row]).any(-1).sum()):
+            row, turn = row + 1, 0
+        start = int(streams.starts[row, turn])
+        assert np.asarray(streams.tokens[row])[:start].tolist() == words.encode(prompt, add_bos=True)
+        held = np.asarray(streams.completions[row, turn])[np.asarray(streams.completion_mask[row, turn])]
+        assert held.tolist() == words.encode(action, add_eos=True)
+        turn += 1
+    assert row == streams.size - 1
+    pairs = sft.encode_corpus(words, texts, built.prompt_length, built.max_new_tokens)
+    graphdef, params = init_params(tiny_config(words.vocab_size, hidden_size=32, intermediate_size=64,
+                                               max_position=built.prompt_length + 8), jax.random.key(0))
+    loss = jax.jit(jax.value_and_grad(lambda p, d: sft.completion_nll(graphdef, p, d)))
+    (got, got_grads), (want, want_grads) = loss(params, streams), loss(params, pairs)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

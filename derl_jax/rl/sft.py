@@ -18,6 +18,11 @@ The corpus leaves out the caller's held-out training rows (a run holds out its v
 rows, so validation scores measure held-out accuracy); the test split never reaches the base
 policy.
 
+A multi-turn domain with the whole history (`Domain.history == "full"`) trains on episodes,
+as its inner loop does: the turns of an episode, whose prompts each continue the one before
+with its action, are packed into one token stream (`pack_corpus`) and every step takes a few
+episodes, each read once (`stream_nll`), about `sft_batch_size` turns in all.
+
 Shapes: M corpus examples, Tp prompt tokens (left padded, BOS first), T completion tokens
 (right padded, EOS after the text), B batch size.
 """
@@ -41,12 +46,12 @@ from flax import nnx, struct
 
 from derl_jax.checkpoint import atomic_write, atomic_write_json
 from derl_jax.config import field_error
-from derl_jax.domains.base import Domain
-from derl_jax.models.sampling import sequence_logprobs
+from derl_jax.domains.base import FULL_HISTORY, Domain
+from derl_jax.models.sampling import sequence_logprobs, stream_logprobs
 from derl_jax.models.transformer import ModelConfig, abstract_model, default_compute_dtype, init_params, tiny_config
 
 # Bump when a change to this module changes the policy it builds for the same inputs.
-SFT_CODE_VERSION = 1
+SFT_CODE_VERSION = 1   # episodes packed as streams (full history) are new data, so they make new keys
 CACHE_PREFIX = "base_policy_"
 _LOSSES_KEY = "__sft_losses__"
 _POLICY_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
@@ -99,6 +104,33 @@ class SFTData:
     @property
     def size(self) -> int:
         return int(self.prompts.shape[0])
+
+
+@struct.dataclass
+class SFTStreams:
+    """A tokenized corpus of M episodes, each one token stream (`derl_jax.models.sampling.Stream`
+    layout: token t at slot t) holding up to S completions.
+
+    tokens i32[M, C], valid bool[M, C]: the stream (BOS, the first prompt, then each completion
+    without its EOS and what the next prompt adds); starts i32[M, S]: the prompt length of each
+    turn; completions i32[M, S, T], completion_mask bool[M, S, T]: each turn's completion and
+    EOS (turns an episode does not have are all False).
+    """
+
+    tokens: jax.Array
+    valid: jax.Array
+    starts: jax.Array
+    completions: jax.Array
+    completion_mask: jax.Array
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def turns(self) -> int:
+        """Completions held, summed over the episodes."""
+        return int(np.asarray(self.completion_mask).any(axis=-1).sum())
 
 
 # ----------------------------------------------------------------------------- configs
@@ -170,13 +202,61 @@ def encode_corpus(tokenizer: Any, corpus: Sequence[tuple[str, str]], prompt_leng
                    completions=jnp.asarray(completions), completion_mask=jnp.asarray(completion_mask))
 
 
+def pack_corpus(tokenizer: Any, corpus: Sequence[tuple[str, str]], capacity: int,
+                completion_length: int) -> SFTStreams:
+    """Pack (prompt, completion) pairs into episode streams of `capacity` slots: a pair whose
+    prompt (BOS added) begins with the previous pair's prompt and completion continues its
+    stream, any other pair starts a new one (so pairs of unrelated prompts are one stream each).
+    A stream that would not fit, or a completion longer than `completion_length` with its
+    EOS, is an error."""
+    if not corpus:
+        raise ValueError("pack_corpus: the corpus is empty")
+    streams: list[tuple[list[int], list[int], list[list[int]]]] = []   # (tokens, starts, completions)
+    for prompt, completion in corpus:
+        prompt_ids = tokenizer.encode(prompt, add_bos=True)
+        said = tokenizer.encode(completion)
+        if len(said) + 1 > completion_length:
+            raise ValueError(f"pack_corpus: completion {completion!r} has {len(said) + 1} tokens with its EOS, "
+                             f"more than {completion_length}")
+        if not streams or prompt_ids[: len(streams[-1][0])] != streams[-1][0]:
+            streams.append(([], [], []))
+        tokens, starts, completions = streams[-1]
+        starts.append(len(prompt_ids))
+        completions.append(said + [tokenizer.eos_id])
+        tokens[:] = prompt_ids + said
+        if len(tokens) > capacity:
+            raise ValueError(f"pack_corpus: an episode of {len(tokens)} tokens does not fit a stream of {capacity}")
+    turns = max(len(starts) for _, starts, _ in streams)
+    count = len(streams)
+    packed = SFTStreams(tokens=np.full((count, capacity), tokenizer.pad_id, np.int32),
+                        valid=np.zeros((count, capacity), bool), starts=np.zeros((count, turns), np.int32),
+                        completions=np.full((count, turns, completion_length), tokenizer.pad_id, np.int32),
+                        completion_mask=np.zeros((count, turns, completion_length), bool))
+    for row, (tokens, starts, completions) in enumerate(streams):
+        packed.tokens[row, : len(tokens)], packed.valid[row, : len(tokens)] = tokens, True
+        packed.starts[row, : len(starts)] = starts
+        for turn, ids in enumerate(completions):
+            packed.completions[row, turn, : len(ids)], packed.completion_mask[row, turn, : len(ids)] = ids, True
+    return jax.tree_util.tree_map(jnp.asarray, packed)
+
+
+def episodes_per_step(data: SFTStreams, turns_per_step: int) -> int:
+    """Episodes a step of `train_sft` on packed streams takes to see about `turns_per_step` turns."""
+    return max(1, round(turns_per_step * data.size / max(data.turns, 1)))
+
+
 # ----------------------------------------------------------------------------- training
 
 
-def completion_nll(graphdef: nnx.GraphDef, params: nnx.State, batch: SFTData) -> jax.Array:
-    """f32[]: mean negative log-likelihood per completion token (EOS included) of `batch`."""
-    logp, _ = sequence_logprobs(graphdef, params, batch.prompts, batch.prompt_mask,
-                                batch.completions, batch.completion_mask)
+def completion_nll(graphdef: nnx.GraphDef, params: nnx.State, batch: SFTData | SFTStreams) -> jax.Array:
+    """f32[]: mean negative log-likelihood per completion token (EOS included) of `batch` (pairs,
+    or episode streams read once each)."""
+    if isinstance(batch, SFTStreams):
+        logp, _ = stream_logprobs(graphdef, params, batch.tokens, batch.valid, batch.starts, batch.completions,
+                                  batch.completion_mask)
+    else:
+        logp, _ = sequence_logprobs(graphdef, params, batch.prompts, batch.prompt_mask,
+                                    batch.completions, batch.completion_mask)
     return -jnp.sum(logp) / jnp.maximum(jnp.sum(batch.completion_mask), 1)
 
 
@@ -206,9 +286,10 @@ def _sft_scan(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, key: jax
     return params, losses
 
 
-def train_sft(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, cfg: SFTConfig
+def train_sft(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData | SFTStreams, cfg: SFTConfig
               ) -> tuple[nnx.State, jax.Array]:
-    """Run `cfg.steps` supervised steps in one jitted scan -> (params, losses f32[steps]).
+    """Run `cfg.steps` supervised steps in one jitted scan -> (params, losses f32[steps]); a
+    step's batch is `cfg.batch_size` rows of `data` (pairs, or episode streams).
 
     The loss of step s is measured on its batch before that step's update. Step s draws
     its batch with `fold_in(key(cfg.seed + 1), s)`, so the run is deterministic; one
@@ -295,7 +376,12 @@ def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *
     if sft_cfg.steps == 0 and domain.corpus is None:
         return init_params(model_cfg, jax.random.key(seed))
     corpus = domain_corpus(domain, seed, holdout_rows, policy_cfg)
-    data = encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length), int(domain.max_new_tokens))
+    if domain.rollout == "env" and domain.history == FULL_HISTORY:
+        data = pack_corpus(domain.tokenizer, corpus, int(domain.prompt_length) + int(domain.max_new_tokens),
+                           int(domain.max_new_tokens))
+        sft_cfg = dataclasses.replace(sft_cfg, batch_size=episodes_per_step(data, sft_cfg.batch_size))
+    else:
+        data = encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length), int(domain.max_new_tokens))
     key = cache_key(model_cfg, sft_cfg, data, domain.name)
     path = os.path.join(os.fspath(cache_dir), f"{CACHE_PREFIX}{key[:24]}.npz")
     if os.path.exists(path):
@@ -315,6 +401,7 @@ def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *
         "model": dataclasses.asdict(model_cfg),
         "sft": dataclasses.asdict(sft_cfg),
         "corpus_size": data.size,
+        "corpus_turns": data.turns if isinstance(data, SFTStreams) else data.size,
         "extra_problems": extra,
         "mix": None if mix is None else {str(k): float(v) for k, v in dict(mix).items()},
         "held_out_rows": len(set(int(r) for r in np.asarray(holdout_rows).reshape(-1))),
