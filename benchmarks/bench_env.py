@@ -2,6 +2,8 @@
 
     python benchmarks/bench_env.py            # household at 1 .. 4,096 episodes, engines, inner loop
     python benchmarks/bench_env.py --quick    # 1 .. 256 episodes, fewer turns, 2 inner steps
+    python benchmarks/bench_env.py --inner-only --baseline /path/to/earlier/checkout --out result.json
+                                              # inner steps of this tree and an earlier one, in turns
 
 Rows:
   household (JAX)  `HouseholdEnv` reset + `turns` steps per episode, random actions (a random
@@ -16,15 +18,23 @@ Rows:
                    commands; "not installed" when the package is missing.
   inner loop       one GRPO inner-loop run (`derl_jax.rl.loop.train`, jitted) on the household
                    `smoke` config with a scratch policy: episodes/s = steps * B * G / run time.
-  inner step       (full run only) one step of the default preset, 4 tasks x 8 episodes of 16
-                   turns, at `domain.prompt_budget` 0 (the whole 221-token window) and 128.
+  inner step       (full run, or --inner-only) one step of the default preset, 4 tasks x 8
+                   episodes of 16 turns, scratch policy, for each of INNER_STEP_VARIANTS
+                   (`benchmarks/inner_step.py` in a subprocess: compile, then `--repeats` timed
+                   steps, `--rounds` times); run_s is the median of all timed steps, run_s_min /
+                   run_s_max their range. With --baseline DIR the same script times DIR's code
+                   (an earlier checkout) at BASELINE_VARIANTS, the two trees in turns, and the
+                   summary gives each of this tree's variants against the baseline's default.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 
@@ -40,9 +50,9 @@ from derl_jax.domains.household.env import HouseholdEnv  # noqa: E402
 from derl_jax.domains.household.expert import random_action  # noqa: E402
 
 FULL = {"episodes": (1, 16, 256, 4096), "turns": 30, "inner_steps": 4, "sw_workers": 4, "sw_turns": 20,
-        "prompt_budgets": (0, 128)}
+        "inner_step_rounds": 2}
 QUICK = {"episodes": (1, 16, 256), "turns": 10, "inner_steps": 2, "sw_workers": 2, "sw_turns": 5,
-         "prompt_budgets": ()}
+         "inner_step_rounds": 0}
 DISTINCT_TASKS = 64
 
 
@@ -180,33 +190,112 @@ def time_inner_loop(preset: str, steps: int, label: str, **domain) -> dict:
             "status": f"prompts of {built.prompt_length} tokens"}
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INNER_STEP_SCRIPT = os.path.join(REPO, "benchmarks", "inner_step.py")
+# (label, config.domain overrides) of this tree's inner-step rows
+INNER_STEP_VARIANTS = (
+    ("default", {}),
+    ("window W=2, prompt_budget=128", {"history": "window", "window": 2, "prompt_budget": 128}),
+    ("window W=2, prompt_budget=0 (the whole window)", {"history": "window", "window": 2, "prompt_budget": 0}),
+    ("whole history, prompt_budget=384", {"history": "full", "prompt_budget": 384}),
+)
+# the same rows of an earlier checkout (--baseline), whose `domain.history` is the window W
+BASELINE_VARIANTS = (
+    ("default (window W=2, prompt_budget=128)", {}),
+    ("window W=2, prompt_budget=0 (the whole window)", {"prompt_budget": 0}),
+)
+
+
+def run_inner_steps(tree: str, variants, repeats: int) -> list[dict]:
+    """`benchmarks/inner_step.py` of this tree run on the code of `tree` (its directory first on
+    the path) for `variants`: one subprocess, every variant compiled, then timed in turns."""
+    spec = {"preset": "default", "steps": 1, "repeats": repeats,
+            "variants": [{"label": label, "domain": domain} for label, domain in variants]}
+    env = dict(os.environ, PYTHONPATH=tree)
+    done = subprocess.run([sys.executable, INNER_STEP_SCRIPT, json.dumps(spec)], cwd=tree, env=env,
+                          capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("INNER_STEP ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"inner_step.py on {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("INNER_STEP "):])["variants"]
+
+
+def inner_step_rows(rounds: int, repeats: int, baseline: str | None) -> tuple[list[dict], dict]:
+    """Rows of this tree's INNER_STEP_VARIANTS (and the baseline's BASELINE_VARIANTS), each tree
+    run `rounds` times in turns; the summary's ratios are against the baseline's default."""
+    trees = [("this tree", REPO, INNER_STEP_VARIANTS)]
+    if baseline:
+        trees.append(("baseline", os.path.abspath(baseline), BASELINE_VARIANTS))
+    timed: dict[tuple[str, str], dict] = {}
+    for _ in range(rounds):
+        for name, tree, variants in trees:
+            for result in run_inner_steps(tree, variants, repeats):
+                entry = timed.setdefault((name, result["label"]), {**result, "run_s": [], "compile_s": []})
+                entry["run_s"] += result["run_s"]
+                entry["compile_s"].append(result["compile_s"])
+    rows = []
+    for (name, label), entry in timed.items():
+        seconds = statistics.median(entry["run_s"])
+        rows.append({"engine": f"inner step ({name}: {label})", "episodes": entry["episodes"],
+                     "steps": entry["episodes"] * entry["turns"], "compile_s": statistics.median(entry["compile_s"]),
+                     "run_s": seconds, "run_s_min": min(entry["run_s"]), "run_s_max": max(entry["run_s"]),
+                     "timed_steps": len(entry["run_s"]), "episodes_per_s": entry["episodes"] / seconds,
+                     "status": f"prompts of {entry['prompt_length']} tokens"})
+    summary = {}
+    if baseline:
+        reference = timed[("baseline", BASELINE_VARIANTS[0][0])]
+        base_s = statistics.median(reference["run_s"])
+        summary["baseline_default_step_s"] = base_s
+        for label, _ in INNER_STEP_VARIANTS:
+            summary[f"speedup vs baseline default: {label}"] = base_s / statistics.median(timed[("this tree", label)]["run_s"])
+    return rows, summary
+
+
 def bench_inner(settings: dict) -> list[dict]:
-    """The smoke inner loop; in a full run also one step of the default preset (4 tasks x 8
-    episodes of 16 turns) with the whole window in the prompt and at the default prompt budget."""
-    rows = [time_inner_loop("smoke", settings["inner_steps"], "inner loop (household smoke)")]
-    for budget in settings["prompt_budgets"]:
-        rows.append(time_inner_loop("default", 1, f"inner step (household default, prompt_budget={budget})",
-                                    prompt_budget=budget))
-    return rows
+    """The smoke inner loop (household `smoke` config, scratch policy)."""
+    return [time_inner_loop("smoke", settings["inner_steps"], "inner loop (household smoke)")]
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 .. 256 episodes, fewer turns, 2 inner steps")
-    parser.add_argument("--no-inner", action="store_true", help="skip the inner-loop row")
+    parser.add_argument("--no-inner", action="store_true", help="skip the inner-loop rows")
+    parser.add_argument("--inner-only", action="store_true", help="only the inner-step rows")
+    parser.add_argument("--baseline", default=None,
+                        help="an earlier checkout whose inner steps are timed too (BASELINE_VARIANTS)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="inner-step subprocesses per tree, in turns (default 2; 0 in --quick)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed inner steps per subprocess and variant")
+    parser.add_argument("--out", default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
-    settings = QUICK if args.quick else FULL
-    rows = bench_household(settings) + bench_scienceworld(settings) + bench_alfworld(settings)
-    if not args.no_inner:
-        rows += bench_inner(settings)
-    household_rows = [r for r in rows if r["engine"] == "household (JAX)"]
-    summary = {"household_best_steps_per_s": max(r["steps_per_s"] for r in household_rows)}
-    sw = [r for r in rows if r["engine"] == "ScienceWorld" and "steps_per_s" in r]
-    if sw:
-        summary["household_vs_scienceworld"] = summary["household_best_steps_per_s"] / sw[0]["steps_per_s"]
-    return report("bench_env", rows, config={"quick": args.quick, **{k: str(v) for k, v in settings.items()}},
-                  summary=summary, columns=["engine", "episodes", "steps", "compile_s", "run_s", "steps_per_s",
-                                            "episodes_per_s", "status"])
+    settings = dict(QUICK if args.quick else FULL)
+    if args.rounds is not None:
+        settings["inner_step_rounds"] = args.rounds
+    if args.inner_only and not settings["inner_step_rounds"]:
+        settings["inner_step_rounds"] = 2
+    rows, summary = [], {}
+    if not args.inner_only:
+        rows = bench_household(settings) + bench_scienceworld(settings) + bench_alfworld(settings)
+        household_rows = [r for r in rows if r["engine"] == "household (JAX)"]
+        summary["household_best_steps_per_s"] = max(r["steps_per_s"] for r in household_rows)
+        sw = [r for r in rows if r["engine"] == "ScienceWorld" and "steps_per_s" in r]
+        if sw:
+            summary["household_vs_scienceworld"] = summary["household_best_steps_per_s"] / sw[0]["steps_per_s"]
+        if not args.no_inner:
+            rows += bench_inner(settings)
+    if not args.no_inner and settings["inner_step_rounds"]:
+        step_rows, step_summary = inner_step_rows(settings["inner_step_rounds"], args.repeats, args.baseline)
+        rows += step_rows
+        summary.update(step_summary)
+    config = {"quick": args.quick, "baseline": args.baseline, "repeats": args.repeats,
+              **{k: str(v) for k, v in settings.items()}}
+    result = report("bench_env", rows, config=config, summary=summary,
+                    columns=["engine", "episodes", "steps", "compile_s", "run_s", "run_s_min", "run_s_max", "steps_per_s",
+                             "episodes_per_s", "status"])
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1, sort_keys=True)
+    return result
 
 
 if __name__ == "__main__":

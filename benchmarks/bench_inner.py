@@ -2,9 +2,12 @@
 
     python benchmarks/bench_inner.py            # K = 1, 8, 32; a few minutes on 2 CPU cores
     python benchmarks/bench_inner.py --quick    # K = 1, 4, fewer steps
-    python benchmarks/bench_inner.py --k1       # only K = 1 (loop mode) against TRL: the per-step comparison
-    python benchmarks/bench_inner.py --k1 --prompts 32   # the same at 32 x 4 = 128 completions per step
-    python benchmarks/bench_inner.py --k1 --trials 3     # three trials in a row: medians and each trial's ratio
+    python benchmarks/bench_inner.py --k1       # only K = 1 against TRL, 3 trials: the per-step comparison
+    python benchmarks/bench_inner.py --k1 --trials 5 --out result.json   # five trials, the JSON kept
+
+Every step samples 16 prompts x 8 completions = 128 completions (--prompts, --group). With
+several trials (`--trials`, default 3 with --k1, else 1) the summary gives the median of each
+ratio over the trials, its range (`_min`, `_max`) and every trial's value (`_trials`).
 
 Modes (the same `InnerLoop`, the same inputs):
   vmapped  `train_many` with every candidate vmapped in one compiled call
@@ -34,6 +37,7 @@ host drifts over a run, and bracketing the reference cancels a drift that is lin
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -348,12 +352,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--k1", action="store_true", help="only K = 1 in loop mode (and TRL)")
     parser.add_argument("--candidates", type=int, nargs="+", dest="only_candidates",
                         help="the values of K to run (instead of the preset's)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per GRPO step (B; default 8)")
-    parser.add_argument("--group", type=int, default=4, help="samples per prompt (G; default 4)")
-    parser.add_argument("--trials", type=int, default=1,
-                        help="repeat everything (ours, then TRL) this many times; the summary gives medians "
-                             "and each trial's ratios (default 1)")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per GRPO step (B; default 16)")
+    parser.add_argument("--group", type=int, default=8, help="samples per prompt (G; default 8)")
+    parser.add_argument("--out", default=None, help="also write the result JSON here")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="repeat everything (ours, then TRL) this many times; the summary gives medians, "
+                             "ranges and each trial's ratios (default 3 with --k1, else 1)")
     args = parser.parse_args(argv)
+    if args.trials is None:
+        args.trials = 3 if args.k1 else 1
     for name in ("prompts", "group", "trials"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
@@ -378,16 +385,32 @@ def main(argv=None) -> dict:
     summary = {name: round(float(statistics.median(s[name] for s in summaries)), 2) for name in summaries[0]}
     if args.trials > 1:
         for name in [n for n in summaries[0] if n.startswith("speedup") or n.startswith("best_batched")]:
-            summary[f"{name}_trials"] = [float(s[name]) for s in summaries]
+            values = [float(s[name]) for s in summaries]
+            summary.update({f"{name}_min": min(values), f"{name}_max": max(values), f"{name}_trials": values})
     summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"],
+    config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"], **library_versions(),
               "max_new_tokens": DOMAIN["max_new_tokens"],
               "prompts_per_step": args.prompts, "group_size": args.group,
               "completions_per_step": args.prompts * args.group, "steps": args.steps,
               "candidates": args.candidates, "chunk_size": args.chunk, "trials": args.trials}
     columns = ["trial"] * (args.trials > 1) + ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
                "tokens_per_s", "exec_mib", "speedup_vs_loop"] + ["step_ms_after_trl", "step_ms_bracketed"] * (not args.no_trl)
-    return report("inner_loop", rows, config=config, summary=summary, columns=columns)
+    result = report("inner_loop", rows, config=config, summary=summary, columns=columns)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1, sort_keys=True)
+    return result
+
+
+def library_versions() -> dict:
+    """The versions the TRL ratio depends on (TRL's trainer changes speed between releases)."""
+    versions = {}
+    for name in ("trl", "torch", "transformers"):
+        try:
+            versions[f"{name}_version"] = __import__(name).__version__
+        except ImportError:
+            versions[f"{name}_version"] = None
+    return versions
 
 
 if __name__ == "__main__":

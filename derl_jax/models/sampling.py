@@ -531,7 +531,7 @@ def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key
     return out
 
 
-STREAM_BLOCK = 128
+STREAM_BLOCK = 96
 """Queries per block of `causal_hidden`'s pass over a stream (see there)."""
 
 
