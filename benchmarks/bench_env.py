@@ -19,7 +19,8 @@ Rows:
   inner loop       one GRPO inner-loop run (`derl_jax.rl.loop.train`, jitted) on the household
                    `smoke` config with a scratch policy: episodes/s = steps * B * G / run time.
   inner step       (full run, or --inner-only) one step of the default preset, 4 tasks x 8
-                   episodes of 16 turns, scratch policy, for each of INNER_STEP_VARIANTS
+                   episodes of 16 turns, scratch policy, for each of INNER_STEP_VARIANTS (the
+                   history settings, named rather than "default")
                    (`benchmarks/inner_step.py` in a subprocess: compile, then `--repeats` timed
                    steps, `--rounds` times); run_s is the median of all timed steps, run_s_min /
                    run_s_max their range. With --baseline DIR the same script times DIR's code
@@ -194,7 +195,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INNER_STEP_SCRIPT = os.path.join(REPO, "benchmarks", "inner_step.py")
 # (label, config.domain overrides) of this tree's inner-step rows
 INNER_STEP_VARIANTS = (
-    ("default", {}),
     ("window W=2, prompt_budget=128", {"history": "window", "window": 2, "prompt_budget": 128}),
     ("window W=2, prompt_budget=0 (the whole window)", {"history": "window", "window": 2, "prompt_budget": 0}),
     ("whole history, prompt_budget=384", {"history": "full", "prompt_budget": 384}),

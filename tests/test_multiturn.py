@@ -204,9 +204,10 @@ def test_grpo_on_success_teaches_the_policy_to_read_the_target():
     assert results.scores[0] >= 0.8 > before + 0.3
 
 
-def test_vmapped_programs_train_like_separate_calls():
-    domain = counter_domain()
-    graphdef, params = tiny_policy(domain)
+@pytest.mark.parametrize("history", [2, "full"])
+def test_vmapped_programs_train_like_separate_calls(history):
+    domain = counter_domain(history)
+    graphdef, params = tiny_policy(counter_domain(3))
     cfg = CFG.replace(steps=3)
     loop = make_inner_loop(domain, graphdef, cfg)
     texts = ("g1", "g2 + u*g1")

@@ -17,7 +17,8 @@ mask bool[N, T]; multi-turn: step_scores f32[N, S], step_mask bool[N, S], succes
 plus tokens/mask of every action [N, S, A], and self_rewards f32[N, S] when the environment
 reports info["self_reward"]); `update_batch` holds the rows GRPO trains on
 (prompts i32[R, Tp], prompt_mask, completions i32[R, T], mask bool[R, T] True on policy
-tokens only, old_logp f32[R, T]) with R = N * rows_per_episode, episode-major.
+tokens only, old_logp f32[R, T]) with R = N * rows_per_episode, episode-major; with the whole
+history one row per episode instead (`stream_episodes`), which `DeviceRollout.logprobs` reads.
 
 Multi-turn prompts (turn t of an episode) depend on `Domain.history`:
 
