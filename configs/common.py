@@ -34,7 +34,7 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        and levels: generalisation levels of the domain to run the whole compare
                        on, one after another in <workdir>/<level> (() = `domain.level` only),
                        and workers: processes that share out the method x seed runs (0: one
-                       per CPU core on a CPU host, 1 on accelerators; derl_jax/meta/workers.py)
+                       per CPU core on a CPU host, 1 on accelerators; derl_jax/experiment/workers.py)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device; data 0 (the default) is automatic: on a CPU host, one XLA host
                        device per core and a step's rollouts split over them (for policies of at
@@ -52,7 +52,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from derl_jax.meta.strategies import ALL_METHODS
+from derl_jax.outer import ALL_METHODS
 
 SCRATCH_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                  "head_dim": 16}

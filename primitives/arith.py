@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from derl_jax.models.tokenizers import CharTokenizer
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 __all__ = ["ARITH_PRIMITIVES", "correct", "boxed", "steps", "gold_anywhere"]
 
@@ -86,7 +86,7 @@ def _token_at(tokens: jax.Array, index: jax.Array) -> jax.Array:
     return jnp.take_along_axis(tokens, safe[:, None], axis=-1)[:, 0]
 
 
-@primitive("correct", kind="device", domain="arith", aliases=("outcome",))
+@register_primitive("correct", kind="device", domain="arith", aliases=("outcome",))
 def correct(rollout, context):
     """1 when the final box `[...]` holds exactly the gold answer, else 0."""
     tokens, in_output, _, _ = _output(rollout)
@@ -102,7 +102,7 @@ def correct(rollout, context):
     return hit.astype(jnp.float32)
 
 
-@primitive("boxed", kind="device", domain="arith", aliases=("format",))
+@register_primitive("boxed", kind="device", domain="arith", aliases=("format",))
 def boxed(rollout, context):
     """1 when the output ends with `[digits]` directly followed by EOS, else 0."""
     del context
@@ -116,7 +116,7 @@ def boxed(rollout, context):
     return (ended & ends_with_close & opened & has_digits).astype(jnp.float32)
 
 
-@primitive("steps", kind="device", domain="arith")
+@register_primitive("steps", kind="device", domain="arith")
 def steps(rollout, context):
     """1 when the step marker `1:` (not preceded by a digit) appears in the output, else 0."""
     del context
@@ -129,7 +129,7 @@ def steps(rollout, context):
     return jnp.any(marker, axis=-1).astype(jnp.float32)
 
 
-@primitive("gold_anywhere", kind="device", domain="arith")
+@register_primitive("gold_anywhere", kind="device", domain="arith")
 def gold_anywhere(rollout, context):
     """1 when the gold answer appears as a whole number anywhere in the output, else 0."""
     tokens, in_output, _, _ = _output(rollout)

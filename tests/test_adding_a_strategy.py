@@ -1,5 +1,5 @@
-'''The README's "Adding a strategy" example, run as written: one new file in
-derl_jax/meta/strategies/ (here a temporary directory added to that package's path), nothing
+'''The README's "Adding a method" example, run as written: one new file in
+derl_jax/methods/ (here a temporary directory added to that package's path), nothing
 else edited. The registry finds it, the config check accepts its name, and a search with it
 runs, learns from its records and resumes exactly.'''
 
@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-import derl_jax.meta.strategies as strategies_package
-from derl_jax.meta.search import strip_wall_clock
-from derl_jax.meta.strategies import registry, strategy_names, validate_config
+import derl_jax.methods as methods_package
+from derl_jax.experiment.checks import validate_config
+from derl_jax.outer import registry, strategy_names
+from derl_jax.outer.search import strip_wall_clock
 from test_search import fake_config, run_fake_search
 
 EXAMPLE = '''\
 """Hill climbing: propose the best expression so far and n-1 point mutations of it."""
 
 from derl_jax.expr.parse import parse, to_text
-from derl_jax.meta import evolution
-from derl_jax.meta.strategies import Strategy, check_update, register_strategy
+from derl_jax.methods.evolution import operators as evolution
+from derl_jax.outer import Strategy, check_update, register_strategy
 
 
 @register_strategy("hill_climb")
@@ -59,13 +60,12 @@ def example_strategy(tmp_path):
     package_dir = tmp_path / "extra_strategies"
     package_dir.mkdir()
     (package_dir / "hill_climb.py").write_text(EXAMPLE)
-    strategies_package.__path__.append(str(package_dir))
-    registry._discovered = False  # look at the package again, as a fresh process would
+    methods_package.__path__.append(str(package_dir))
     try:
         yield
     finally:
-        strategies_package.__path__.remove(str(package_dir))
-        registry._REGISTRY.pop("hill_climb", None)
+        methods_package.__path__.remove(str(package_dir))
+        registry.STRATEGIES.remove("hill_climb")
 
 
 def test_a_strategy_in_one_new_file_is_found_checked_and_searched_with(tmp_path, example_strategy):

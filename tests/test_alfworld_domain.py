@@ -13,9 +13,9 @@ from configs import alfworld as alf_config
 from derl_jax.config import ConfigError, validate
 from derl_jax.domains import registry
 
-from test_launch import load_launcher
+from derl_jax.experiment import build
+from derl_jax.experiment.run import run
 
-launcher = load_launcher()  # launch/run.py defines absl flags: one module per process
 
 
 def test_registered_with_the_agent_primitives():
@@ -49,7 +49,7 @@ def test_presets_carry_the_paper_settings():
     pop = alf_config.get_config("derl_pop")
     assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (10, 10, ("derl_pop",))
     assert len(cfg.domain.kinds) == 6 and set(cfg.domain.held_out_kinds) < set(cfg.domain.kinds)
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     for preset in ("default", "derl_pop", "tiny"):
         validate(alf_config.get_config(preset)), validate_config(alf_config.get_config(preset))
@@ -63,11 +63,11 @@ def test_presets_carry_the_paper_settings():
 
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     built = []
-    real_build = launcher.build_domain
-    monkeypatch.setattr(launcher, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
+    real_build = build.build_domain
+    monkeypatch.setattr(build, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
     cfg = alf_config.get_config("tiny")
     workdir = tmp_path / "run"
-    final = launcher.run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
+    final = run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
 
     result = json.loads((workdir / "final_result.json").read_text())
     assert result["expression"] == "g1+0.5*g2" and result["seed"] == 0 and result["test"] == final.test

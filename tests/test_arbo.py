@@ -14,11 +14,11 @@ from derl_jax.expr.canonical import canonical
 from derl_jax.expr.check import check_text
 from derl_jax.expr.parse import parse
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta.arbo import history as hist
-from derl_jax.meta.arbo import proposer as prop
-from derl_jax.meta.arbo.schedule import Schedule, modes, next_mode
-from derl_jax.meta.arbo.settings import arbo_block, read_settings
-from derl_jax.meta.strategies import CandidateRecord, make_strategy
+from derl_jax.methods.arbo import history as hist
+from derl_jax.methods.arbo import proposer as prop
+from derl_jax.methods.arbo.schedule import Schedule, modes, next_mode
+from derl_jax.methods.arbo.settings import arbo_block, read_settings
+from derl_jax.outer import CandidateRecord, make_strategy
 
 NAMES = ("correct", "format", "steps")
 STEPS = 12

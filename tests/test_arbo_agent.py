@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from derl_jax.expr.check import check_text
-from derl_jax.meta.arbo import history as hist
-from derl_jax.meta.arbo.agent import BackendError, OpenAIBackend, parse_tool_calls, plain_messages, reply_from_completion, run_agent
-from derl_jax.meta.arbo.proposer import View
-from derl_jax.meta.arbo.tools import Workspace
-from derl_jax.meta.strategies import CandidateRecord, make_strategy
+from derl_jax.methods.arbo import history as hist
+from derl_jax.methods.arbo.agent import BackendError, OpenAIBackend, parse_tool_calls, plain_messages, reply_from_completion, run_agent
+from derl_jax.methods.arbo.proposer import View
+from derl_jax.methods.arbo.tools import Workspace
+from derl_jax.outer import CandidateRecord, make_strategy
 
 NAMES = ("correct", "format", "steps")
 
@@ -179,7 +179,7 @@ def test_local_backend_runs_the_tool_loop_in_process(tmp_path):
     sampling is deterministic per seed, and replies that call no tool end the round cleanly."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from derl_jax.meta.arbo.agent import LocalBackend, round_prompt, system_prompt
+    from derl_jax.methods.arbo.agent import LocalBackend, round_prompt, system_prompt
     from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
 
     torch.manual_seed(0)

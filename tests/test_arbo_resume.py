@@ -1,7 +1,7 @@
 """ARBO's history and belief survive SIGKILL: a killed and resumed search proposes exactly what an
 uninterrupted one does, and ends with the same history file.
 
-Each run is a subprocess running `derl_jax.meta.search.search` with the `arbo` strategy and a
+Each run is a subprocess running `derl_jax.outer.search.search` with the `arbo` strategy and a
 fake evaluator (scores and curves are NumPy functions of the expression). Two kills: one right
 after the strategy wrote round 2's history (so the file is ahead of the checkpoint), one in the
 middle of evaluating a later round.
@@ -16,18 +16,18 @@ import textwrap
 
 import pytest
 
-from derl_jax.meta.arbo import history as hist
+from derl_jax.methods.arbo import history as hist
 
 SCRIPT = textwrap.dedent('''
     import os, signal, sys
     import jax, jax.numpy as jnp, ml_collections, numpy as np
     from derl_jax.domains.base import TokenDataset
-    from derl_jax.evaluator import CandidateResults
+    from derl_jax.rl.evaluator import CandidateResults
     from derl_jax.expr.program import Program
     from derl_jax.expr.vm import evaluate_numpy
-    from derl_jax.meta import search as search_module
-    from derl_jax.meta.arbo import history as hist
-    from derl_jax.meta.strategies import make_strategy
+    from derl_jax.outer import search as search_module
+    from derl_jax.methods.arbo import history as hist
+    from derl_jax.outer import make_strategy
 
     workdir, kill_after_save, kill_at_eval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     NAMES = ("correct", "format", "steps", "length")

@@ -11,7 +11,7 @@ import pytest
 from configs import arith, common, gsm8k
 from configs import math as math_config
 from derl_jax.config import validate_shared
-from derl_jax.meta.strategies import ALL_METHODS
+from derl_jax.outer import ALL_METHODS
 
 PRESETS = {arith: ("default", "smoke"), math_config: ("default", "mixture", "tiny"), gsm8k: ("default", "mixture", "tiny")}
 SHARED_BLOCKS = ("inner", "meta", "outer", "evolution", "final", "compare", "mesh", "primitives")

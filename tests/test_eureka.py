@@ -5,12 +5,12 @@ import numpy as np
 
 from derl_jax.expr.canonical import canonical
 from derl_jax.expr.check import check_text
-from derl_jax.meta.arbo import history as hist
-from derl_jax.meta.arbo.proposer import View
-from derl_jax.meta.arbo.schedule import Schedule
-from derl_jax.meta.strategies import CandidateRecord, make_strategy
-from derl_jax.meta.strategies.arbo import ArboStrategy
-from derl_jax.meta.strategies.eureka import EurekaStrategy
+from derl_jax.methods.arbo import history as hist
+from derl_jax.methods.arbo.proposer import View
+from derl_jax.methods.arbo.schedule import Schedule
+from derl_jax.outer import CandidateRecord, make_strategy
+from derl_jax.methods.arbo.strategy import ArboStrategy
+from derl_jax.methods.arbo.eureka import EurekaStrategy
 
 NAMES = ("correct", "format", "steps")
 STEPS = 8

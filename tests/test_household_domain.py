@@ -134,7 +134,7 @@ def test_every_corpus_completion_fits_the_generation_budget_with_eos(self_guide)
 def test_config_presets_pass_every_check(preset):
     from configs import common, household
     from derl_jax.config import validate
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     cfg = household.get_config(preset)
     validate(cfg)

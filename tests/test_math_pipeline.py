@@ -23,7 +23,8 @@ from derl_jax.domains import math as math_domain
 from derl_jax.domains.math_data import MathDataError
 from derl_jax.expr import compile_expr, parse, stack_programs
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta import protocol
+from derl_jax.experiment import protocol
+from derl_jax.experiment.checks import validate_config
 from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir, math_prompt
 from derl_jax.parallel import make_mesh
 from derl_jax.rl import host_batches, host_loop, placement, rollout, setup
@@ -79,7 +80,7 @@ def tiny_config(assets, **domain):
 @pytest.fixture(scope="module")
 def run(assets):
     cfg = tiny_config(assets)
-    protocol.validate_config(cfg)
+    validate_config(cfg)
     domain = math_domain.make_math_domain(cfg)
     base_params, evaluator = setup.build_inner(domain, cfg, None)
     yield cfg, (domain, base_params, evaluator)
@@ -143,7 +144,7 @@ def test_every_preset_passes_both_validators():
     for name in ("math", "gsm8k"):
         for preset in ("default", "mixture", "tiny"):
             cfg = load_config(name, preset)
-            protocol.validate_config(cfg)
+            validate_config(cfg)
             math_domain.validate_math_config(cfg)
     paper = load_config("math", "default")
     assert (paper.inner.group_size, paper.inner.lr, paper.inner.kl, paper.inner.kl_kind) == (5, 1e-6, 0.001, "k3")

@@ -16,7 +16,7 @@ import transformers
 from derl_jax.expr.check import check_text
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
-from derl_jax.meta.hf_constraint import (
+from derl_jax.methods.derl.hf_constraint import (
     build_symbol_trie,
     identity_token_table,
     make_trie_constraint,
@@ -24,8 +24,8 @@ from derl_jax.meta.hf_constraint import (
     symbols_of_tokens,
     tokenizer_token_table,
 )
-from derl_jax.meta.meta_model import meta_prompt
-from derl_jax.meta.optimizer import MetaOptimizer
+from derl_jax.methods.derl.model import meta_prompt
+from derl_jax.methods.derl.optimizer import MetaOptimizer
 from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
 from derl_jax.models.sampling import Constraint
 

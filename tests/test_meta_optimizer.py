@@ -18,8 +18,8 @@ from derl_jax.expr.check import check_text
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta.corpus import FAMILIES, cold_start_corpus
-from derl_jax.meta.optimizer import MetaConfig, MetaOptimizer, MetaSample, MetaState
+from derl_jax.methods.derl.corpus import FAMILIES, cold_start_corpus
+from derl_jax.methods.derl.optimizer import MetaConfig, MetaOptimizer, MetaSample, MetaState
 from derl_jax.rl.grpo import kl_estimate
 
 NUM_PRIMITIVES = 4
@@ -114,7 +114,7 @@ def test_corpus_fills_tight_grammars_and_rejects_bad_arguments():
 
 def test_config_from_run_config_and_errors():
     from configs.arith import get_config
-    from derl_jax.meta.protocol import meta_grammar
+    from derl_jax.experiment.protocol import meta_grammar
 
     run = get_config("smoke")
     cfg = MetaConfig.from_config(run)

@@ -5,8 +5,8 @@ import jax
 import numpy as np
 
 from derl_jax.expr.grammar import make_grammar
-from derl_jax.meta.optimizer import MetaOptimizer
-from derl_jax.meta.strategies import make_strategy
+from derl_jax.methods.derl.optimizer import MetaOptimizer
+from derl_jax.outer import make_strategy
 from derl_jax.parallel import MODEL_AXIS, make_mesh
 
 GRAMMAR = make_grammar(3, 16, max_depth=3)

@@ -11,7 +11,7 @@ from derl_jax.domains.arith import make_arith_domain
 from derl_jax.expr.canonical import to_latex
 from derl_jax.expr.parse import parse
 from derl_jax.logging import read_jsonl
-from derl_jax.meta.protocol import compare
+from derl_jax.experiment.protocol import compare
 from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer, fake_config, get_config
 
 NOTEBOOK = os.path.join(REPO_ROOT, "notebooks", "derl_dynamics.ipynb")

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from derl_jax.domains.arith import make_arith_domain
-from derl_jax.meta import protocol
-from derl_jax.meta.protocol import ConfigError, compare, run_method, split_train, validate_config
-from derl_jax.meta.stats import student_t_quantile
+from derl_jax.experiment import protocol
+from derl_jax.experiment.checks import validate_config
+from derl_jax.experiment.protocol import ConfigError, compare, run_method, split_train
+from derl_jax.experiment.stats import student_t_quantile
 from derl_jax.parallel import make_mesh
-from derl_jax.meta.strategies import ALL_METHODS
+from derl_jax.outer import ALL_METHODS
 from test_search import BASE_PARAMS, FakeEvaluator, FakeMetaOptimizer, fake_config, get_config, reference_quality
 
 SEARCH_CODE = tuple(

@@ -34,14 +34,14 @@ from derl_jax.config import ConfigError, int_at_least
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.registry import DomainSpec, register_domain
 from derl_jax.models.tokenizers import CharTokenizer
-from primitives.registry import primitive, resolve
+from primitives.registry import register_primitive, resolve
 
 TOKENIZER = CharTokenizer("0123456789=")
 DIGITS = 2
 PRIMITIVES = ("correct", "first_digit")
 
 
-@primitive("correct", kind="device", domain="echo")
+@register_primitive("correct", kind="device", domain="echo")
 def correct(rollout, context):
     """1 when the output is exactly the number, then EOS.  tokens i32[N, T], answer i32[N, DIGITS]."""
     tokens = rollout["tokens"]
@@ -49,7 +49,7 @@ def correct(rollout, context):
     return (digits_ok & (tokens[:, DIGITS] == TOKENIZER.eos_id)).astype(jnp.float32)
 
 
-@primitive("first_digit", kind="device", domain="echo")
+@register_primitive("first_digit", kind="device", domain="echo")
 def first_digit(rollout, context):
     """1 when the first output token is the number's first digit."""
     return (rollout["tokens"][:, 0] == context["answer"][:, 0]).astype(jnp.float32)
@@ -122,7 +122,7 @@ def echo(tmp_path, monkeypatch):
     sys.modules.pop("derl_jax.domains.echo", None)
     registry._DOMAINS.pop("echo", None)
     for name in ("correct", "first_digit"):
-        primitive_registry._REGISTRY.pop(("echo", name), None)
+        primitive_registry.PRIMITIVES.remove(("echo", name))
 
 
 def test_the_new_domain_is_registered_built_and_scored(echo):
@@ -156,11 +156,10 @@ def test_the_new_domain_is_registered_built_and_scored(echo):
 
 
 def test_the_launcher_trains_the_new_domain_end_to_end(echo, tmp_path):
-    from test_launch import load_launcher
+    from derl_jax.experiment.run import run
 
-    launcher = load_launcher()
     cfg = echo.get_config()
-    final = launcher.run(cfg, str(tmp_path / "run"), "final", "correct+0.5*first_digit", progress=False)
+    final = run(cfg, str(tmp_path / "run"), "final", "correct+0.5*first_digit", progress=False)
     saved = json.loads((tmp_path / "run" / "final_result.json").read_text())
     assert saved["expression"] == "correct+0.5*first_digit" and saved["test"] == final.test
     assert round(final.test * 20) == pytest.approx(final.test * 20, abs=1e-6)  # a pass rate over the 20 test numbers

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from derl_jax.meta.plots import curve_band, plot_outer_curves, plot_structure_shares
-from derl_jax.meta.results import structure_shares
-from derl_jax.meta.stats import (
+from derl_jax.experiment.plots import curve_band, plot_outer_curves, plot_structure_shares
+from derl_jax.experiment.results import structure_shares
+from derl_jax.experiment.stats import (
     regularized_incomplete_beta,
     results_table,
     student_t_cdf,
@@ -163,7 +163,7 @@ def test_structure_shares_and_plot(tmp_path):
 
 
 def test_best_so_far_follows_the_charged_order_and_scores_invalid_candidates_zero():
-    from derl_jax.meta.results import best_so_far
+    from derl_jax.experiment.results import best_so_far
 
     history = [  # written out of order; iteration 1 index 0 is invalid with a stale score
         {"iteration": 1, "index": 1, "valid": True, "score": 0.7},

@@ -16,9 +16,9 @@ from derl_jax.config import ConfigError, InputError, validate
 from derl_jax.domains import registry
 from derl_jax.domains.scienceworld import engine
 
-from test_launch import load_launcher
+from derl_jax.experiment import build
+from derl_jax.experiment.run import run
 
-launcher = load_launcher()  # launch/run.py defines absl flags: one module per process
 
 
 def test_registered_with_the_agent_primitives():
@@ -61,7 +61,7 @@ def test_presets_carry_the_paper_settings():
     pop = sw_config.get_config("derl_pop")
     assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (3, 33, ("derl_pop",))
     assert len(cfg.domain.tasks) == 30 and set(cfg.domain.held_out_tasks) < set(cfg.domain.tasks)
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     for preset in ("default", "derl_pop", "tiny"):
         validate(sw_config.get_config(preset)), validate_config(sw_config.get_config(preset))
@@ -76,7 +76,7 @@ def test_missing_java_fails_before_anything_starts(monkeypatch, tmp_path):
                         lambda self, *a, **k: started.append(1))
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(InputError, match=r"^config.domain.kind='scienceworld': ScienceWorld needs Java.*openjdk") as err:
-        launcher.run(sw_config.get_config("tiny"), str(tmp_path / "run"), "final", "g1", progress=False)
+        run(sw_config.get_config("tiny"), str(tmp_path / "run"), "final", "g1", progress=False)
     assert "\n" not in str(err.value) and not started and not (tmp_path / "run").exists()
 
 
@@ -87,7 +87,7 @@ def test_missing_checkpoint_directory_fails_before_anything_starts(monkeypatch, 
     cfg = sw_config.get_config("tiny")
     cfg.policy.checkpoint = str(tmp_path / "no-such-model")
     with pytest.raises(InputError, match="no-such-model") as err:
-        launcher.run(cfg, str(tmp_path / "run"), "final", "g1", progress=False)
+        run(cfg, str(tmp_path / "run"), "final", "g1", progress=False)
     assert "\n" not in str(err.value) and not started
 
 
@@ -119,11 +119,11 @@ def test_a_hugging_face_tokenizer_as_the_token_table():
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     engine.require_engine()   # the agents extra and Java are part of the test environment
     built = []
-    real_build = launcher.build_domain
-    monkeypatch.setattr(launcher, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
+    real_build = build.build_domain
+    monkeypatch.setattr(build, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
     cfg = sw_config.get_config("tiny")
     workdir = tmp_path / "run"
-    final = launcher.run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
+    final = run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
 
     result = json.loads((workdir / "final_result.json").read_text())
     assert result["expression"] == "g1+0.5*g2" and result["seed"] == 0 and result["test"] == final.test

@@ -223,7 +223,8 @@ def test_bad_self_guide_fields_are_named(field, value):
 def test_ablation_presets_pass_every_check_and_propose_their_reward(preset):
     from configs import household
     from derl_jax.config import validate
-    from derl_jax.meta.strategies import make_strategy, validate_config
+    from derl_jax.experiment.checks import validate_config
+    from derl_jax.outer import make_strategy
 
     cfg = household.get_config(preset)
     validate(cfg)
@@ -242,7 +243,7 @@ def test_ablation_presets_pass_every_check_and_propose_their_reward(preset):
 
 def test_self_guide_method_needs_the_self_assessment():
     from configs import household
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     cfg = household.get_config("self_guide")
     cfg.domain.self_guide = False

@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.evaluator import CandidateResults
+from derl_jax.rl.evaluator import CandidateResults
 from derl_jax.expr.program import Program
 from derl_jax.models.transformer import param_partition_specs
 from derl_jax.parallel import CAND_AXIS, gather_to_host, put_global
@@ -31,7 +31,7 @@ DISPATCH_MODES = ("batched", "loop")
 
 
 class DeviceEvaluator:
-    """The inner loop as the outer loop uses it (`derl_jax.evaluator.CandidateEvaluator`).
+    """The inner loop as the outer loop uses it (`derl_jax.rl.evaluator.CandidateEvaluator`).
 
     evaluate_candidates(programs Program[K], init_params, key, train_set, val_set)
         -> CandidateResults(scores np.f32[K], curves name -> np.f32[K, S], params [K, ...])

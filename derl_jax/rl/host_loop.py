@@ -5,7 +5,7 @@
     params, curves = evaluator.train_final(program, init_params, key, train)
     accuracy = evaluator.accuracy(params, test)          # greedy pass@1 via `correct`
 
-It follows the evaluator contract of `derl_jax.evaluator.CandidateEvaluator`.
+It follows the evaluator contract of `derl_jax.rl.evaluator.CandidateEvaluator`.
 
 One inner step of one candidate (B = prompts_per_step prompts x G samples = N rollouts,
 T = max_new_tokens, P primitives):
@@ -85,7 +85,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.domains.base import TokenDataset
-from derl_jax.evaluator import CandidateResults
+from derl_jax.rl.evaluator import CandidateResults
 from derl_jax.expr.parse import parse
 from derl_jax.expr.program import Program, compile_expr
 from derl_jax.models import sampling

@@ -39,7 +39,7 @@ from derl_jax.domains.alfworld.engine import game_logic
 from derl_jax.domains.alfworld.env import NOTHING, AlfWorldEnv, require_engine
 from derl_jax.domains.alfworld.splits import LEVELS, data_problem, level_games
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
 from derl_jax.domains.scienceworld.domain import tokenizer_directory
 from derl_jax.domains.scienceworld.vocab import Vocabulary, words
@@ -215,5 +215,6 @@ def validate_alfworld_config(cfg: Any) -> None:
                              "writes it), or set data_dir='' to play generated games")
 
 
-register_domain(DomainSpec(name="alfworld", build=lambda cfg: make_alfworld_domain(cfg.domain, tokenizer_directory(cfg)),
-                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_alfworld_config))
+@register_domain("alfworld", primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_alfworld_config)
+def build_alfworld_domain(cfg: Any) -> Domain:
+    return make_alfworld_domain(cfg.domain, tokenizer_directory(cfg))

@@ -33,7 +33,7 @@ import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
                              optional_fraction)
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
 from derl_jax.domains.scienceworld.engine import require_engine
 from derl_jax.domains.scienceworld.splits import LEVELS, level_split
@@ -173,5 +173,6 @@ def validate_scienceworld_config(cfg: Any) -> None:
         raise ConfigError(f"config.domain.tasks: unknown ScienceWorld tasks {unknown}; known: {', '.join(ID2TASK.values())}")
 
 
-register_domain(DomainSpec(name="scienceworld", build=lambda cfg: make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg)),
-                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config))
+@register_domain("scienceworld", primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config)
+def build_scienceworld_domain(cfg: Any) -> Domain:
+    return make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg))
