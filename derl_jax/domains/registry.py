@@ -70,7 +70,9 @@ def register_domain(name: str, *, primitive_names: Callable[[Any], tuple[str, ..
 
 def get_domain(name: str) -> DomainSpec:
     """The spec of domain `name`; ConfigError naming `config.domain.kind` and the known domains."""
-    spec = DOMAINS.find(name, f"{DOMAIN_PACKAGE}.{name}") if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"config.domain.kind must name a domain, one of {available_domains()}, got {name!r}")
+    spec = DOMAINS.find(name, f"{DOMAIN_PACKAGE}.{name}")
     if spec is None:
         raise ConfigError(f"config.domain.kind must be one of {available_domains()}, got {name!r}")
     return spec
