@@ -96,6 +96,8 @@ INNER = {
 META = {
     "backbone": "scratch",
     "hf_path": "",
+    "hf_tokenizer": "",
+    "hf_param_dtype": "float32",
     "task_description": "",
     "primitive_descriptions": (),
     **SCRATCH_MODEL,
@@ -105,10 +107,15 @@ META = {
     "cold_start_corpus": 256,
     "cold_start_steps": 150,
     "cold_start_lr": 3e-3,
+    "cold_start_batch_size": 32,
+    "cold_start_seed": 0,
     "lr": 3e-3,
     "kl": 0.01,
     "kl_kind": "k3",
     "epochs": 3,
+    "clip_eps": 0.2,
+    "max_grad_norm": 1.0,
+    "loss_agg": "token_mean",
 }
 
 OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_inner_steps": 0}
@@ -118,6 +125,14 @@ COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": Fal
            "keep_final_policies": False, "levels": (),
            "workers": 0}
 MESH = {"cand": 1, "data": 0, "model": 1}
+TRUST = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
+ARBO = {
+    "proposer": "structural", "schedule": "adaptive", "initial_explore": 1, "patience": 2, "reexplore": 1,
+    "belief": True, "observations": "full", "task": "",
+    "agent": {"backend": "openai", "url": "http://127.0.0.1:8000/v1", "model": "", "api_key_env": "",
+              "checkpoint": "", "tokenizer": "", "temperature": 0.7, "max_tokens": 1024, "timeout_s": 120.0,
+              "max_turns": 24},
+}
 
 
 def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -125,6 +140,7 @@ def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_
     blocks = {
         "domain": domain, "policy": policy, "inner": INNER, "meta": META, "outer": OUTER, "evolution": EVOLUTION,
         "final": FINAL, "compare": COMPARE, "mesh": MESH, "primitives": {"modules": (), "extra": ()},
+        "trust": TRUST, "arbo": ARBO,
     }
     cfg = ml_collections.ConfigDict({"name": name, "seed": 0})
     for block, fields in blocks.items():

@@ -73,7 +73,6 @@ def default() -> ml_collections.ConfigDict:
     cfg.final.steps = 16
     cfg.compare.update(methods=METHODS, candidate_test=False)
     cfg.compare.levels = ("L0", "L1", "L2")
-    cfg.trust = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
     return cfg
 
 

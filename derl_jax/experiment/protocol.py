@@ -69,9 +69,10 @@ from derl_jax.config import ConfigError, config_value, has_field
 from derl_jax.domains.base import TokenDataset, TokenDomain
 from derl_jax.rl.evaluator import CandidateEvaluator
 from derl_jax.expr.canonical import canonical, to_latex
-from derl_jax.expr.check import check_text
+from derl_jax.expr.candidate import examine
 from derl_jax.expr.grammar import Grammar, make_grammar
-from derl_jax.expr.program import compile_expr, stack_programs
+from derl_jax.expr.parse import ExpressionError, parse
+from derl_jax.expr.program import stack_programs
 from derl_jax.logging import RunLogger
 from derl_jax.outer import candidate_policies
 from derl_jax.outer.budget import inner_step_totals, population_inner_steps
@@ -156,10 +157,10 @@ def headline_accuracy(test_sets: Mapping[str, Mapping[str, float]]) -> float:
 
 def compile_checked(expression: str, primitive_names: Sequence[str], outcome_index: int = 0):
     """The Program of `expression`; ValueError with the checker's reason when it is not a valid reward."""
-    tree, validity = check_text(expression, primitive_names, outcome_index=outcome_index)
-    if tree is None or not validity.ok:
-        raise ValueError(f"expression {expression!r} is not a valid reward: {validity.reason}")
-    return tree, compile_expr(tree, num_primitives=len(primitive_names))
+    candidate = examine(expression, primitive_names, outcome_index)
+    if not candidate.valid:
+        raise ValueError(f"expression {expression!r} is not a valid reward: {candidate.reason}")
+    return candidate.expr, candidate.program
 
 
 def train_final(
@@ -243,8 +244,10 @@ def run_final(
 def _latex_of(expression: str | None, primitive_names: Sequence[str]) -> str | None:
     if expression is None:
         return None
-    tree, _ = check_text(expression, primitive_names)
-    return to_latex(tree) if tree is not None else None
+    try:
+        return to_latex(parse(expression, primitive_names))
+    except ExpressionError:
+        return None
 
 
 def meta_optimizer_mesh(evaluator: CandidateEvaluator) -> Any:

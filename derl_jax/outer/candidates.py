@@ -4,8 +4,9 @@
     outcome.records      n `CandidateRecord`s, what the strategy's update receives
     outcome.history      n JSON-able history records (`history.jsonl`)
 
-Each text is checked (`derl_jax.expr.check_text`: parse, primitive count, finite and
-non-constant on probe points) and compiled; the reason of a rejection is kept. ONE
+Each text is read once (`derl_jax.expr.examine`: parsed, compiled, checked on probe points —
+primitive count, finite, non-constant — and classified); the reason of a rejection is kept,
+and the program the check ran is the one the inner loop trains with. ONE
 `evaluator.evaluate_candidates` call trains a policy per valid expression (their programs
 stacked along K) and scores it on the validation split. Invalid candidates cost no training
 and score 0 but stay in the group.
@@ -27,40 +28,12 @@ import numpy as np
 
 from derl_jax.domains.base import TokenDataset
 from derl_jax.rl.evaluator import CandidateEvaluator
-from derl_jax.expr.canonical import canonical
-from derl_jax.expr.check import check_text
-from derl_jax.expr.program import Program, ProgramError, compile_expr, stack_programs
-from derl_jax.expr.structure import structure
+from derl_jax.expr.candidate import Candidate, examine
+from derl_jax.expr.program import stack_programs
+from derl_jax.expr.structure import STRUCTURES
 from derl_jax.outer.strategy import CandidateRecord
 
-STRUCTURE_CLASSES = ("stable", "unstable", "invalid")
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One proposal after checking: `program` is set exactly when `valid`."""
-
-    text: str
-    valid: bool
-    reason: str
-    canonical: str | None
-    structure: str
-    program: Program | None
-
-
-def examine(text: str, primitive_names: Sequence[str], outcome_index: int = 0) -> Candidate:
-    """Check, classify and compile one proposed expression (never raises for bad text)."""
-    tree, validity = check_text(text, primitive_names, outcome_index=outcome_index)
-    if tree is None or not validity.ok:
-        key = canonical(tree) if tree is not None else None
-        return Candidate(text, False, validity.reason or "invalid", key, "invalid", None)
-    num_primitives = len(primitive_names)
-    try:
-        program = compile_expr(tree, num_primitives=num_primitives)
-    except ProgramError as err:
-        return Candidate(text, False, f"compile error: {err}", canonical(tree), "invalid", None)
-    shape = structure(tree, num_primitives, outcome_index=outcome_index)
-    return Candidate(text, True, "", canonical(tree), shape, program)
+STRUCTURE_CLASSES = STRUCTURES
 
 
 def training_plan(candidates: Sequence[Candidate], share_duplicates: bool) -> tuple[list[int], dict[int, int]]:

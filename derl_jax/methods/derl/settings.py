@@ -40,16 +40,16 @@ class MetaConfig:
     primitive_descriptions: tuple[str, ...] = ()  # one line per primitive g1..gk, in the prompt
     temperature: float = 1.0                    # sampling temperature (> 0)
     # cold start: SFT on the corpus inside `init`
-    cold_start_corpus: int = 200                # expressions in the corpus
+    cold_start_corpus: int = 256                # expressions in the corpus
     cold_start_steps: int = 150                 # Adam steps (0 = no cold start)
     cold_start_lr: float = 3e-3
     cold_start_batch_size: int = 32             # sequences per step
     cold_start_seed: int = 0                    # seed of the corpus
     # GRPO update
-    lr: float = 1e-4                            # AdamW learning rate
+    lr: float = 3e-3                            # AdamW learning rate
     kl: float = 0.01                            # weight of the KL term to the reference
     kl_kind: str = "k3"                         # one of KL_KINDS
-    epochs: int = 1                             # full-batch steps per update
+    epochs: int = 3                             # full-batch steps per update
     clip_eps: float = 0.2                       # ratio clip, in (0, 1)
     max_grad_norm: float = 1.0                  # global gradient-norm clip
     loss_agg: str = "token_mean"                # one of LOSS_AGGREGATIONS
