@@ -22,7 +22,7 @@ CORE = [
     "pyarrow>=14",
 ]
 
-AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 17
+AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 11 or later
 ALFWORLD = ["alfworld==0.4.2"]  # TextWorld's PDDL engine; builds jericho and fast-downward from source (~4 min)
 
 TEST = [

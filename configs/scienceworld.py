@@ -15,7 +15,7 @@ Presets (`--config=configs/scienceworld.py:<preset>`):
 
   derl_pop the paper's DERL-pop schedule on ScienceWorld: 3 outer iterations x 33 inner steps.
 
-  tiny     one task, 5 + 2 variations, 4 turns, a tiny scratch policy on its word vocabulary;
+  tiny     one task, 5 + 2 variations, 5 turns, a tiny scratch policy on its word vocabulary;
            runs on a laptop CPU in about a minute (most of it JVM start-up and compilation):
 
       python launch/run.py --config=configs/scienceworld.py:tiny --mode=final \\

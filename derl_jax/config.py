@@ -2,8 +2,8 @@
 
 Every check raises `ConfigError` with one line naming the field, e.g.
 `config.inner.group_size must be >= 2, got 1`. The package that owns a config block registers
-its check here (`register_check`): the run fields below, `policy` and `inner` in
-`derl_jax.rl.config`, `mesh` in `derl_jax.parallel`, `primitives` in `primitives.registry`,
+its check here (`register_check`): the run fields below, `policy`, `inner` and `mesh` in
+`derl_jax.rl.checks`, `primitives` in `primitives.registry`,
 `domain` in `derl_jax.domains.registry` (which calls the domain's own `validate`), `outer` and
 `methods` in `derl_jax.outer.checks` (each method checks its own fields), `final` and `compare`
 in `derl_jax.experiment.checks`. This module imports nothing of the project.

@@ -14,6 +14,7 @@ from derl_jax.expr.check import check_text
 from derl_jax.expr.program import compile_expr
 from derl_jax.expr.vm import evaluate
 from primitives import registry
+from test_docs import docs_example
 
 # A whole primitive file: device primitives of a toy domain over token arrays.
 UNIT_PRIMITIVES = '''
@@ -105,16 +106,9 @@ def test_a_module_named_in_the_config_registers_its_primitives(tmp_path, monkeyp
             registry.PRIMITIVES.remove(key)
 
 
-# The README's "Adding a primitive" example, verbatim: one new file in primitives/, no other edit.
-README_EXAMPLE = '''
-import jax.numpy as jnp
-from primitives.registry import register_primitive
-
-@register_primitive("short_answer", kind="device", domain="arith")
-def short_answer(rollout, context):
-    """1 when the completion is at most 12 tokens long.  rollout["mask"]: bool[N, T]."""
-    return (rollout["mask"].sum(-1) <= 12).astype(jnp.float32)
-'''
+# The "Adding a primitive" example of docs/extending.md, as written there: one new file in
+# primitives/, no other edit.
+README_EXAMPLE = docs_example("primitives/my_prims.py")
 
 
 @pytest.fixture

@@ -1,96 +1,48 @@
-"""Result statistics over seeds and the comparison table.
+"""Result statistics: summaries over seeds, paired differences between methods, their tables.
 
-* `summarize(values)` — mean, sample std and a Student-t 95% confidence interval over
-  seeds (the paper's Appendix G reports these for 4 seeds).
-* `results_table(per_method)` — a Markdown table `mean ± std [low, high]` per method and
-  the same numbers as a JSON-able dict.
+* `summarize(values)` — mean, sample std and a Student-t 95% interval of the mean over seeds
+  (`scipy.stats.t`).
+* `paired_difference(a, b)` — method a minus method b on the same seeds and the same test
+  items (`f32[seeds, items]` of per-item scores each): the mean difference, its 95% interval
+  from a paired bootstrap over seeds and items (rliable's stratified bootstrap with the items
+  resampled too, the same resampled indices for both methods), the probability of
+  improvement (rliable's), and whether the interval
+  excludes 0 ("separated").
+* `interval_estimates(per_method)` — mean and interquartile mean over (seed, item) scores with
+  stratified-bootstrap intervals (rliable), for one method at a time.
+* `results_table` / `difference_table` — the Markdown tables of the report.
 
-Student-t quantiles are computed here (no SciPy): the t CDF through the regularized
-incomplete beta function, inverted by bisection.
+rliable draws its resampling indices from NumPy's global generator, so each bootstrap here
+seeds it (`BOOTSTRAP_SEED`) and restores its state afterwards: the same inputs give the same
+intervals, and nothing else's random stream is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
+from rliable import library as rly
+from rliable import metrics as rly_metrics
+from scipy import stats as scipy_stats
 
 CONFIDENCE = 0.95
-
-
-# --------------------------------------------------------------------------- Student t
-
-
-def regularized_incomplete_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b) for 0 <= x <= 1, a, b > 0, by its continued fraction (modified Lentz)."""
-    if not 0.0 <= x <= 1.0 or a <= 0 or b <= 0:
-        raise ValueError(f"regularized_incomplete_beta: need 0 <= x <= 1 and a, b > 0, got x={x}, a={a}, b={b}")
-    if x in (0.0, 1.0):
-        return x
-    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
-        return 1.0 - regularized_incomplete_beta(1.0 - x, b, a)
-    log_front = a * math.log(x) + b * math.log1p(-x) - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
-    return math.exp(log_front) / a * _beta_continued_fraction(x, a, b)
-
-
-def _beta_continued_fraction(x: float, a: float, b: float, max_terms: int = 1000, tolerance: float = 1e-15) -> float:
-    """1 / (1 + d1 / (1 + d2 / (1 + ...))) with the incomplete-beta coefficients
-
-    d_{2m+1} = -(a+m)(a+b+m) x / ((a+2m)(a+2m+1)),   d_{2m} = m(b-m) x / ((a+2m-1)(a+2m)),
-
-    evaluated by the modified Lentz method.
-    """
-    tiny = 1e-300
-    fraction, c, d = 1.0, 1.0, 0.0
-    for k in range(1, max_terms + 1):
-        m = k // 2
-        if k % 2:
-            coefficient = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:
-            coefficient = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1.0 + coefficient * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + coefficient / c
-        c = c if abs(c) > tiny else tiny
-        delta = c * d
-        fraction *= delta
-        if abs(delta - 1.0) < tolerance:
-            break
-    return 1.0 / fraction
-
-
-def student_t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"student_t_cdf: df must be > 0, got {df}")
-    tail = 0.5 * regularized_incomplete_beta(df / (df + t * t), df / 2.0, 0.5)
-    return 1.0 - tail if t >= 0 else tail
+BOOTSTRAP_REPS = 2000
+BOOTSTRAP_SEED = 0
 
 
 def student_t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (e.g. p=0.975, df=3 -> 3.182), by bisection to ~1e-12."""
+    """The t with P(T <= t) = p for Student's t with `df` degrees of freedom (p=0.975, df=3 -> 3.182)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"student_t_quantile: p must be in (0, 1), got {p}")
     if df <= 0:
         raise ValueError(f"student_t_quantile: df must be > 0, got {df}")
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < p:
-        low, high = high, high * 2.0
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        if student_t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-        if high - low <= 1e-12 * max(1.0, high):
-            break
-    return 0.5 * (low + high)
+    return float(scipy_stats.t.ppf(p, df))
 
 
-# --------------------------------------------------------------------------- summaries
+# --------------------------------------------------------------------------- over seeds
 
 
 def summarize(values: Sequence[float], *, clip: tuple[float, float] | None = None) -> dict:
@@ -153,3 +105,87 @@ def results_table(
     if not all(s["ci_defined"] for s in summaries.values()):
         lines += ["", "\\* single seed: no spread or confidence interval."]
     return "\n".join(lines) + "\n", summaries
+
+
+# --------------------------------------------------------------------------- over seeds and items
+
+
+def _score_matrix(scores: np.ndarray | Sequence[Sequence[float]], where: str) -> np.ndarray:
+    """f64[seeds, items], finite; ValueError naming `where` otherwise."""
+    matrix = np.asarray(scores, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
+        raise ValueError(f"{where}: expected scores of shape [seeds, items], got {matrix.shape}")
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError(f"{where}: scores must be finite")
+    return matrix
+
+
+def _mean_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.array([np.mean(a) - np.mean(b)])
+
+
+@contextlib.contextmanager
+def _seeded_numpy(seed: int) -> Iterator[None]:
+    """NumPy's global generator seeded with `seed` inside, restored after."""
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, *, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> dict:
+    """Method a minus method b: f[S, N] per-item scores each, row s = seed s, column i = item i
+    (the same seeds, base policy and test items for both).
+
+    Returns {"difference": mean(a) - mean(b), "ci95_low", "ci95_high" (paired bootstrap over
+    seeds and items), "probability_of_improvement" (rliable's: for each item, P(a's score > b's)
+    over every pair of a seed of a and a seed of b, ties half, averaged over items), "separated" (the interval excludes 0), "seeds", "items"}. Scores are in the units
+    given (pass fractions 0/1 per item: a difference in [-1, 1]).
+    """
+    a, b = _score_matrix(a, "paired_difference: a"), _score_matrix(b, "paired_difference: b")
+    if a.shape != b.shape:
+        raise ValueError(f"paired_difference: a and b must have the same [seeds, items], got {a.shape} and {b.shape}")
+    with _seeded_numpy(seed):   # both arrays resampled with the same indices: a paired bootstrap
+        interval = rly.StratifiedBootstrap(a, b, task_bootstrap=True).conf_int(
+            _mean_difference, reps=reps, size=CONFIDENCE, method="percentile")
+    low, high = float(interval[0, 0]), float(interval[1, 0])
+    improvement = float(rly_metrics.probability_of_improvement(a, b))
+    return {"difference": float(_mean_difference(a, b)[0]), "ci95_low": low, "ci95_high": high,
+            "probability_of_improvement": improvement, "separated": bool(low > 0.0 or high < 0.0),
+            "seeds": int(a.shape[0]), "items": int(a.shape[1])}
+
+
+def interval_estimates(scores: np.ndarray, *, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> dict:
+    """Mean and interquartile mean (IQM) of f[S, N] per-item scores with stratified-bootstrap 95%
+    intervals over seeds and items: {"mean", "mean_ci", "iqm", "iqm_ci"}."""
+    matrix = _score_matrix(scores, "interval_estimates")
+    aggregate = lambda x: np.array([rly_metrics.aggregate_mean(x), rly_metrics.aggregate_iqm(x)])  # noqa: E731
+    with _seeded_numpy(seed):
+        estimate, interval = rly.get_interval_estimates({"m": matrix}, aggregate, task_bootstrap=True, reps=reps,
+                                                        confidence_interval_size=CONFIDENCE)
+    mean, iqm = (float(v) for v in estimate["m"])
+    return {"mean": mean, "mean_ci": [float(interval["m"][0, 0]), float(interval["m"][1, 0])],
+            "iqm": iqm, "iqm_ci": [float(interval["m"][0, 1]), float(interval["m"][1, 1])]}
+
+
+def verdict(difference: Mapping[str, float]) -> str:
+    """"separated" (a ahead), "reversed" (b ahead) or "not separated", from `paired_difference`."""
+    if not difference["separated"]:
+        return "not separated"
+    return "separated" if difference["difference"] > 0 else "reversed"
+
+
+def difference_table(rows: Sequence[tuple[str, str, Mapping[str, float]]], *, scale: float = 100.0,
+                     digits: int = 1) -> str:
+    """Markdown table of paired differences: rows of (method, baseline, `paired_difference` result),
+    differences shown in points (x `scale`)."""
+    f = f"{{:+.{digits}f}}"
+    lines = ["| method | baseline | difference (points) | 95% CI (paired bootstrap) | P(method > baseline) | seeds x items | verdict |",
+             "|---|---|---:|---|---:|---|---|"]
+    for method, baseline, d in rows:
+        lines.append(f"| {method} | {baseline} | {f.format(scale * d['difference'])} | "
+                     f"[{f.format(scale * d['ci95_low'])}, {f.format(scale * d['ci95_high'])}] | "
+                     f"{d['probability_of_improvement']:.2f} | {d['seeds']} x {d['items']} | {verdict(d)} |")
+    return "\n".join(lines) + "\n"

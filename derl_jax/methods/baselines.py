@@ -85,6 +85,8 @@ def _check_outcome(num_primitives: int, outcome_index: int) -> None:
 
 @register_strategy("outcome")
 class OutcomeStrategy(FixedStrategy):
+    """The outcome primitive alone."""
+
     @classmethod
     def from_config(cls, name: str, context: StrategyContext) -> FixedStrategy:
         return cls(outcome_text(len(context.primitive_names), context.outcome_index))
@@ -92,6 +94,8 @@ class OutcomeStrategy(FixedStrategy):
 
 @register_strategy("outcome_format")
 class OutcomeFormatStrategy(FixedStrategy):
+    """The outcome plus the format primitive."""
+
     @classmethod
     def from_config(cls, name: str, context: StrategyContext) -> FixedStrategy:
         return cls(outcome_format_text(len(context.primitive_names), context.outcome_index))
@@ -99,6 +103,8 @@ class OutcomeFormatStrategy(FixedStrategy):
 
 @register_strategy("average")
 class AverageStrategy(FixedStrategy):
+    """The mean of all primitives."""
+
     @classmethod
     def from_config(cls, name: str, context: StrategyContext) -> FixedStrategy:
         return cls(average_text(len(context.primitive_names)))

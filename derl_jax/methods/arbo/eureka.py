@@ -24,7 +24,7 @@ EUREKA_VIEW = View(level="full", scope="incumbent", belief=False)
 
 @register_strategy("eureka")
 class EurekaStrategy(ArboStrategy):
-    """Greedy refinement of the incumbent (module docstring)."""
+    """Eureka-style greedy refinement of the incumbent (module docstring)."""
 
     @classmethod
     def from_config(cls, name: str, context: StrategyContext) -> "EurekaStrategy":

@@ -52,7 +52,8 @@ class RoundPlan:
 @register_strategy("arbo")
 @register_strategy(ABLATION_NAME, takes_argument=True)
 class ArboStrategy(Strategy):
-    """History-driven search (module docstring)."""
+    """History-driven search: every candidate's scores, curves and failures kept, an explore/exploit
+    schedule (module docstring)."""
 
     def __init__(self, primitive_names: Sequence[str], outcome_index: int = 0, *, schedule: Schedule = Schedule(),
                  view: View = View(), backend: Any = None, max_turns: int = 24, task: str = "",

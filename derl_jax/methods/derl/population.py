@@ -12,6 +12,8 @@ from derl_jax.outer.registry import register_strategy
 
 @register_strategy("derl_pop")
 class DerlPopStrategy(MetaOptimizerStrategy):
+    """DERL whose inner policies start from the previous iteration's best policy."""
+
     population = True
 
     @classmethod

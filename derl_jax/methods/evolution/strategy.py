@@ -55,9 +55,10 @@ def check_evolution_block(cfg: Any, inits: Sequence[str]) -> None:
 
 @register_strategy("evolution")
 class EvolutionStrategy(Strategy):
-    """Mutation/crossover search with tournament selection. Candidates that score 0 — every
-    invalid one, and a valid one whose policy solved no validation problem — never enter the
-    population."""
+    """Mutation and crossover of expression trees, with tournament selection.
+
+    Candidates that score 0 — every invalid one, and a valid one whose policy solved no
+    validation problem — never enter the population."""
 
     def __init__(
         self,
