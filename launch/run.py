@@ -6,6 +6,10 @@
     python launch/run.py --config=configs/household.py --mode=plan
     python launch/run.py --list                 # every registered domain, method and primitive
 
+Modes: search (the outer loop of config.outer.strategy), final (a fresh policy trained with
+--expression or the search's best, then tested), compare (every method x seed of
+config.compare, then the report), plan (memory, FLOPs and step time; nothing is built).
+
 --workdir defaults to runs/<config.name>. Library log lines below WARNING are hidden unless
 --verbosity is given. Every config field can be overridden (`--config.outer.iterations=3`).
 A bad input prints one line `launch/run.py: error: ...` naming the flag, field or file and

@@ -20,7 +20,7 @@ from derl_jax.experiment.run import run
 
 def test_registered_with_the_agent_primitives():
     spec = registry.get_domain("alfworld")
-    assert "alfworld" in registry.registered_domains()
+    assert "alfworld" in registry.DOMAINS.registered()
     assert spec.primitive_names(alf_config.get_config("tiny")) == ("outcome", "phase_first", "phase_middle", "phase_last")
 
 

@@ -23,7 +23,7 @@ from derl_jax.experiment.run import run
 
 def test_registered_with_the_agent_primitives():
     spec = registry.get_domain("scienceworld")
-    assert "scienceworld" in registry.registered_domains()
+    assert "scienceworld" in registry.DOMAINS.registered()
     assert spec.primitive_names(sw_config.get_config("tiny")) == ("outcome", "phase_first", "phase_middle", "phase_last")
 
 
