@@ -61,6 +61,7 @@ def test_presets_carry_the_paper_settings():
         validate(l2)
 
 
+@pytest.mark.slow
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     built = []
     real_build = build.build_domain

@@ -174,6 +174,7 @@ def test_workspace_views_follow_the_ablations():
     assert greedy.call("commit_candidate", {"expression": "g2"}).startswith("error: all 1 candidates")
 
 
+@pytest.mark.slow
 def test_local_backend_runs_the_tool_loop_in_process(tmp_path):
     """A tiny random Qwen2 checkpoint with the real Qwen tokenizer: the prompt carries the tools,
     sampling is deterministic per seed, and replies that call no tool end the round cleanly."""

@@ -87,6 +87,7 @@ def proposals(workdir):
     return [(r["iteration"], r["index"], r["text"], r["score"]) for r in records]
 
 
+@pytest.mark.slow
 def test_history_and_belief_survive_sigkill(tmp_path):
     script = tmp_path / "arbo_run.py"
     script.write_text(SCRIPT)

@@ -126,6 +126,7 @@ USER_ERRORS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", USER_ERRORS)
 def test_a_user_error_is_one_line_with_status_2(cases, name):
     completed, expected = cases[name]
@@ -172,6 +173,7 @@ def test_help_is_absl_help_not_an_error():
     assert PREFIX not in completed.stderr and "Traceback" not in completed.stderr
 
 
+@pytest.mark.slow
 def test_two_real_runs_on_one_workdir(tmp_path):
     """The second of two launcher runs on one workdir stops at once naming the first; the first goes on."""
     import json

@@ -39,6 +39,7 @@ def invoke(module, *args: str) -> None:
     launch_invoke(module, "--mode=compare", *args, config=HOUSEHOLD_SMOKE)
 
 
+@pytest.mark.slow
 def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):
     """L0, L1, L2 in turn. L1 trains on L0's tasks: it reuses L0's searches and final policies and
     only tests, on its own split, with the results of an L1 compare run on its own."""

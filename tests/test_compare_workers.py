@@ -84,6 +84,7 @@ def _compare(workdir, workers: int) -> tuple[dict, str]:
         return json.load(handle), done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_results_of_one(tmp_path):
     one, _ = _compare(tmp_path / "one", 1)
     shutil.copytree(tmp_path / "one" / "base_policy", tmp_path / "two" / "base_policy")   # one warm start for both

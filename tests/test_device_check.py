@@ -28,6 +28,7 @@ def result(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_sections_and_device(result):
     assert {"tiny", "device", "machine", "memory", "mfu", "candidates", "wall_s", "complete"} <= set(result)
     assert result["tiny"] is True and result["complete"] is True

@@ -82,6 +82,7 @@ def samples():
     return grammar, np.asarray(ids), limits, np.asarray(any_allowed), final
 
 
+@pytest.mark.slow
 def test_every_sample_parses_compiles_and_ends_in_budget(samples):
     grammar, ids, limits, any_allowed, final = samples
     assert any_allowed.all(), "a state with an empty mask was reached"
@@ -104,6 +105,7 @@ def test_samples_reencode_to_the_same_ids(samples):
         assert grammar.encode(grammar.decode(row)) == row[: end + 1].tolist()
 
 
+@pytest.mark.slow
 def test_long_samples_respect_text_and_node_limits():
     grammar = G.make_grammar(12, 400, max_depth=MAX_NESTING)
     batch = 256

@@ -78,6 +78,7 @@ def invoke(module, *args: str, config: str = SMOKE) -> None:
         sys.argv = saved_argv
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_config_value_naming_the_field(tmp_path):
     completed = subprocess.run(
         [sys.executable, SCRIPT, f"--config={SMOKE}", "--config.outer.num_candidates=1", f"--workdir={tmp_path}"],
@@ -168,6 +169,7 @@ def test_compile_cache_directory_resolution():
     assert resolve("  ", "runs/x", {}, 1) is None
 
 
+@pytest.mark.slow
 def test_a_run_fills_its_compile_cache_and_a_run_reading_it_gives_the_same_result(tmp_path):
     """Also: with no host device count in XLA_FLAGS the launcher makes one host device per core
     and the automatic 'data' axis splits the steps over them (tests/test_host_cores.py)."""

@@ -214,6 +214,7 @@ def torch_greedy_texts(model, domain, dataset, max_new_tokens):
     return texts
 
 
+@pytest.mark.slow
 def test_greedy_evaluation_matches_pytorch_generate(run, assets):
     cfg, (domain, base_params, evaluator) = run
     for dataset in (domain.test, domain.train):
@@ -223,6 +224,7 @@ def test_greedy_evaluation_matches_pytorch_generate(run, assets):
         assert evaluator.accuracy(base_params, dataset) == pytest.approx(accuracy)
 
 
+@pytest.mark.slow
 def test_tiny_search_and_final_end_to_end(run, tmp_path):
     cfg, (domain, base_params, evaluator) = run
     cfg = cfg.copy_and_resolve_references()
@@ -268,6 +270,7 @@ def test_update_uses_the_reward_program_on_host_primitives(run):
     assert float(metrics["nonfinite"]) == 0.0 and "kl" in metrics
 
 
+@pytest.mark.slow
 def test_budget_stops_search_candidates_early_keeps_the_last_policy_and_says_so(run, caplog):
     cfg, (domain, base_params, evaluator) = run
     graphdef = evaluator.graphdef
@@ -334,6 +337,7 @@ def math_config_default():
     return load_config("math", "default")
 
 
+@pytest.mark.slow
 def test_outcome_run_reference_is_the_outcome_trainings_token_count(run):
     cfg, (domain, base_params, evaluator) = run
     measured_cfg = cfg.copy_and_resolve_references()
@@ -367,6 +371,7 @@ def test_candidate_slices_split_the_mesh():
     assert not first & second and len(first | second) == 8
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_unsharded(run):
     """The tiny Qwen policy on a (data 2, model 4) mesh of the 8 fake devices vs one device."""
     cfg, (domain, base_params, evaluator) = run
@@ -438,6 +443,7 @@ class AnswerSetRunner:
         pass
 
 
+@pytest.mark.slow
 def test_mixed_validation_score_is_the_example_weighted_mean(run, monkeypatch):
     """On MATH+GSM8K the candidate's validation score is the accuracy over all validation rows,
     i.e. the example-weighted mean of its GSM8K and MATH parts (not the mean of the two means)."""
@@ -459,6 +465,7 @@ def test_mixed_validation_score_is_the_example_weighted_mean(run, monkeypatch):
     assert float(results.scores[0]) != pytest.approx(np.mean(list(part_accuracy.values())))
 
 
+@pytest.mark.slow
 def test_budgeted_search_resumes_to_the_uninterrupted_history(run, tmp_path):
     """The compute budget counts tokens, so a search stopped after one iteration and resumed
     (with a fresh evaluator, as a new process would) ends with the uninterrupted history."""

@@ -92,6 +92,7 @@ def test_corpus_is_valid_diverse_and_deterministic():
     assert len(FAMILIES) >= 7
 
 
+@pytest.mark.slow
 def test_corpus_fills_tight_grammars_and_rejects_bad_arguments():
     tight = make_grammar(1, 4, max_depth=1)
     corpus = cold_start_corpus(1, 30, seed=0, grammar=tight)
@@ -143,6 +144,7 @@ def test_config_from_run_config_and_errors():
 # ----------------------------------------------------------------------------- cold start and sampling
 
 
+@pytest.mark.slow
 def test_init_is_deterministic_and_cold_start_learns(optimizer, state):
     assert int(state.step) == 0
     assert tree_equal(state.params, state.ref_params)
@@ -158,6 +160,7 @@ def test_init_is_deterministic_and_cold_start_learns(optimizer, state):
     assert losses[:10].mean() > 2.0 * losses[-10:].mean()
 
 
+@pytest.mark.slow
 def test_samples_parse_check_and_match_their_symbols(optimizer, first_sample):
     sample = first_sample
     assert isinstance(sample, MetaSample) and len(sample.texts) == N
@@ -203,6 +206,7 @@ def test_sampling_logp_equals_teacher_forced_constrained_logp(optimizer, state, 
 # ----------------------------------------------------------------------------- GRPO update
 
 
+@pytest.mark.slow
 def test_update_raises_logp_of_rewarded_sample(optimizer, state, first_sample):
     scores = np.zeros(N, np.float32)
     scores[0] = 1.0

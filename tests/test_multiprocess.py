@@ -181,6 +181,7 @@ def runs(tmp_path_factory):
     return {"single_dir": single_dir, "multi_dir": multi_dir, "audit_log": audit_log, "chain": chain}
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_job(runs):
     for status, output in runs["chain"][:2]:
         assert status != 0, output[-3000:]

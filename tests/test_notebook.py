@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 
 import nbformat
@@ -21,6 +22,7 @@ def outputs_of(notebook, kind: str) -> list:
     return [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if kind in o.get("data", {})]
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_a_run_directory(tmp_path, monkeypatch):
     cfg = fake_config(iterations=3, num_candidates=3)
     cfg.compare.methods = ("derl", "evolution", "outcome")

@@ -71,6 +71,7 @@ def measured():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_analytic_per_device_bytes_equal_the_real_shards(measured):
     assert measured["devices"] == 8
     # device 0 holds K / cand = 2 candidates, each split 2 ways over 'model'

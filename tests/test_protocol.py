@@ -151,6 +151,7 @@ class GuardedSplit:
         return getattr(self._data, name)
 
 
+@pytest.mark.slow
 def test_compare_reports_all_methods_and_never_lets_search_see_test(tmp_path, domain):
     guarded = GuardedSplit(domain.test)
     guarded_domain = dataclasses.replace(domain, test=guarded)

@@ -120,6 +120,7 @@ def readme_primitive(tmp_path, monkeypatch):
     registry.PRIMITIVES.remove(("arith", "short_answer"))
 
 
+@pytest.mark.slow
 def test_the_readme_example_adds_a_primitive_to_a_run_by_config_alone(readme_primitive, tmp_path):
     from derl_jax.experiment import build
     from derl_jax.experiment.run import check_inputs

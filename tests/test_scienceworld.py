@@ -100,6 +100,7 @@ def _actions(env, texts):
     return np.stack([env.vocab.encode(text, env.action_length) for text in texts])
 
 
+@pytest.mark.slow
 def test_two_scripted_episodes_score_and_end(scienceworld):
     env = scienceworld
     assert isinstance(env, env_api.HostEnv) and env_api.is_host_env(env)

@@ -91,6 +91,7 @@ def test_missing_checkpoint_directory_fails_before_anything_starts(monkeypatch, 
     assert "\n" not in str(err.value) and not started
 
 
+@pytest.mark.slow
 def test_a_hugging_face_tokenizer_as_the_token_table():
     from derl_jax.domains.scienceworld.env import ScienceWorldEnv
     from derl_jax.domains.scienceworld.subword import SubwordTable
@@ -116,6 +117,7 @@ def test_a_hugging_face_tokenizer_as_the_token_table():
         assert done.tolist() == [True] and info["success"].tolist() == [1.0]
 
 
+@pytest.mark.slow
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     engine.require_engine()   # the agents extra and Java are part of the test environment
     built = []

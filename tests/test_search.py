@@ -433,6 +433,7 @@ def _wait_until(predicate, process, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_matches_uninterrupted(tmp_path):
     iterations = 3
     reference, _ = run_fake_search(tmp_path / "ref", "derl_pop", iterations=iterations)

@@ -78,6 +78,7 @@ def test_bad_schedules_are_refused_naming_the_field(schedule, message):
         schedule_from_config(cfg)
 
 
+@pytest.mark.slow
 def test_composite_text_weights_g_sg_by_the_schedule():
     names = ("outcome", "phase_first", "phase_middle", "phase_last", "g_sg")
     assert composite_text(names) == "g1+clip(min((u-0.2)/0.2,(1-u)/0.2),0,1)*g5"
@@ -119,6 +120,7 @@ def first_task(tasks):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x[0]), T.to_device(tasks))
 
 
+@pytest.mark.slow
 def test_env_reads_the_assessment_and_reports_its_reward(tasks):
     rewards = (0.5, -0.25, -1.0)
     env = HouseholdEnv(max_turns=4, self_guide=True, self_rewards=rewards)
@@ -146,6 +148,7 @@ def test_env_reads_the_assessment_and_reports_its_reward(tasks):
     assert "self_reward" not in plain and float(plain["well_formed"]) == 1.0
 
 
+@pytest.mark.slow
 def test_expert_with_assessments_solves_every_task_and_assesses_sensibly(tasks):
     env = HouseholdEnv(max_turns=30, self_guide=True)
     policy = with_assessment(expert_action)
@@ -188,6 +191,7 @@ def domain_config(**domain):
     return cfg
 
 
+@pytest.mark.slow
 def test_self_guide_domain_and_corpus():
     cfg = domain_config()
     spec = get_domain("household")

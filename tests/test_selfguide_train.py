@@ -63,6 +63,7 @@ def setup(tmp_path_factory):
     return cfg, domain, graphdef, params
 
 
+@pytest.mark.slow
 def test_one_self_guide_run_trains_on_the_composite_reward(setup):
     cfg, domain, graphdef, params = setup
     recorder = registry.get("selfguide_train_test", "record_episode")

@@ -168,6 +168,7 @@ def test_cached_decode_matches_full_forward_at_every_step():
 
 @pytest.mark.parametrize("last, remat, cache_kind", [(1, False, "head_major"), (3, True, "layer_major"),
                                                       (7, False, None)])
+@pytest.mark.slow
 def test_keeping_the_last_positions_matches_the_full_forward(last, remat, cache_kind):
     # `last=n` runs the last layer's queries and MLP on n positions only: the same values there,
     # the same cache, the same gradients, and the NumPy reference's logits
@@ -296,6 +297,7 @@ def test_bad_shapes_are_named(model):
         tr.apply(graphdef, params, tokens, tokens, None, attention.init_cache(config, 3, 8), 0)
 
 
+@pytest.mark.slow
 def test_separate_and_side_by_side_projections_match_the_reference_and_each_other(monkeypatch):
     # large models run q/k/v and gate/up as separate matmuls, small ones with the kernels joined
     config = _small()
@@ -333,6 +335,7 @@ def _per_head_attention(q, k, v, score_bias):
 
 @pytest.mark.parametrize("head_dim, dtype, tol", [(16, jnp.float32, 2e-6), (24, jnp.float32, 2e-6),
                                                   (16, jnp.bfloat16, 3e-2)])
+@pytest.mark.slow
 def test_grouped_attention_backward_matches_autodiff_of_the_per_head_formula(head_dim, dtype, tol):
     """`attend` (written-out backward) against autodiff of a per-head reference, with masked keys,
     for a power-of-two head size (q pre-scaled), another (scores scaled) and bfloat16; and (once) under vmap."""
