@@ -302,8 +302,8 @@ def test_bad_arguments_are_named(model, batch):
 class SampleAndScoreVariants(chex.TestCase):
     """`sample` and `sequence_logprobs` give the reference numbers with and without `jax.jit`."""
 
-    @pytest.mark.slow
     @chex.variants(with_jit=True, without_jit=True)
+    @pytest.mark.slow
     def test_greedy_tokens_and_their_logprobs(self):
         _, graphdef, params = _model()
         real, prompts, mask = _batch()

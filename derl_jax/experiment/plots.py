@@ -1,7 +1,8 @@
 """The outer-loop plots.
 
-* `plot_outer_curves` — mean ± std over seeds of validation/test accuracy per outer
-  iteration, one panel per method or view (the paper's Figure 3).
+* `plot_outer_curves` — mean over seeds of validation/test accuracy per outer iteration with a
+  Student-t 95% interval band, one panel per method or view, all panels on one y-axis (the
+  paper's Figure 3).
 * `plot_structure_shares` — stable / unstable / invalid shares of the proposed
   expressions per outer iteration (the paper's Figure 4; `results.structure_shares`).
 
@@ -16,6 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from derl_jax.experiment.stats import student_t_quantile
 from derl_jax.outer.candidates import STRUCTURE_CLASSES
 
 
@@ -42,6 +44,16 @@ def curve_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
+def curve_interval(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and the two-sided Student-t 95% interval of the mean over seeds of `values: f[S, I]`
+    (NaN = missing) -> (mean, low, high), each f64[I]; the interval is the mean itself where
+    fewer than two seeds have a value."""
+    mean, std = curve_band(values)
+    counts = np.sum(np.isfinite(np.atleast_2d(np.asarray(values, np.float64))), axis=0)
+    half = np.array([student_t_quantile(0.975, n - 1) * s / np.sqrt(n) if n > 1 else 0.0 for n, s in zip(counts, std)])
+    return mean, mean - half, mean + half
+
+
 def plot_outer_curves(
     curves: Mapping[str, np.ndarray] | Mapping[str, Mapping[str, np.ndarray]],
     path: str | os.PathLike,
@@ -51,7 +63,8 @@ def plot_outer_curves(
     ylabel: str = "accuracy",
     columns: int | None = None,
 ) -> str:
-    """Mean ± std band over seeds per outer iteration, one line per series; saves a PNG.
+    """Mean over seeds per outer iteration with its 95% interval band, one line per series, every
+    panel on the same y-axis; saves a PNG.
 
     curves: series name -> f[S, I] (e.g. {"validation": v, "test": t}), or panel name ->
     such a mapping for one panel per benchmark/method (the paper's Figure 3 layout).
@@ -61,18 +74,18 @@ def plot_outer_curves(
     columns = len(panels) if columns is None else max(1, min(int(columns), len(panels)))
     rows = -(-len(panels) // columns)
     fig = _figure(figsize=(4.5 * columns, 3.4 * rows))
-    axes = fig.subplots(rows, columns, squeeze=False).reshape(-1)
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True).reshape(-1)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     for ax, (panel, series) in zip(axes, panels.items()):
         for name, values in series.items():
             try:
-                mean, std = curve_band(values)
+                mean, low, high = curve_interval(values)
             except ValueError as err:
                 raise ValueError(f"plot_outer_curves: series {panel}/{name}: {err}") from err
             steps = np.arange(1, mean.size + 1)
             (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=name)
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         _integer_ticks(ax)

@@ -136,17 +136,29 @@ class FinalResult:
     params: Any
     curves: Mapping[str, list]
     test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    test_items: list[float] | None = None
 
 
-def test_accuracies(domain: TokenDomain, evaluator: CandidateEvaluator, params: Any) -> dict[str, dict[str, float]]:
-    """{test set: {metric: accuracy}} of one policy (module docstring): the domain's named test
-    sets (`domain.test_sets`, else {"test": domain.test}), each scored by the domain's
-    `test_metrics` on the evaluator's greedy outputs when both exist, else {"accuracy": ...}."""
+def test_accuracies(domain: TokenDomain, evaluator: CandidateEvaluator,
+                   params: Any) -> tuple[dict[str, dict[str, float]], list[float] | None]:
+    """({test set: {metric: accuracy}}, per-item scores of the first set or None) of one policy
+    (module docstring): the domain's named test sets (`domain.test_sets`, else {"test":
+    domain.test}), each scored by the domain's `test_metrics` on the evaluator's greedy outputs
+    when both exist, else by the evaluator's per-item scores (`item_scores`, whose mean is the
+    accuracy) or, for an evaluator without them, its `accuracy`."""
     test_sets = dict(getattr(domain, "test_sets", None) or {}) or {"test": domain.test}
     metrics = getattr(domain, "test_metrics", None)
-    if metrics is None or not hasattr(evaluator, "greedy_texts"):
-        return {name: {"accuracy": float(evaluator.accuracy(params, data))} for name, data in test_sets.items()}
-    return {name: metrics(evaluator.greedy_texts(params, data), data) for name, data in test_sets.items()}
+    if metrics is not None and hasattr(evaluator, "greedy_texts"):
+        return {name: metrics(evaluator.greedy_texts(params, data), data) for name, data in test_sets.items()}, None
+    tests, first_items = {}, None
+    for name, data in test_sets.items():
+        if not hasattr(evaluator, "item_scores"):
+            tests[name] = {"accuracy": float(evaluator.accuracy(params, data))}
+            continue
+        items = np.asarray(evaluator.item_scores(params, data), np.float32)
+        tests[name] = {"accuracy": float(items.sum(dtype=np.float32) / np.float32(items.size))}  # as `accuracy` rounds
+        first_items = items.tolist() if first_items is None else first_items
+    return tests, first_items
 
 
 def headline_accuracy(test_sets: Mapping[str, Mapping[str, float]]) -> float:
@@ -186,8 +198,8 @@ def train_final(
             # Curves may hold NaN (Python's json reads it back), so not atomic_write_json.
             atomic_write_text(os.path.join(keep_dir, FINAL_POLICY_INFO),
                               json.dumps({"expression": expression, "curves": host_curves}) + "\n")
-    tests = test_accuracies(domain, evaluator, params)
-    return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, host_curves, tests)
+    tests, items = test_accuracies(domain, evaluator, params)
+    return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, host_curves, tests, items)
 
 
 def _kept(keep_dir: str | None, name: str, expression: str) -> dict | None:
@@ -307,7 +319,7 @@ def run_method(
     cls = get_strategy(method)
     keep_dir = workdir if _flag(cfg, "compare.keep_final_policies") and jax.process_count() == 1 else None
 
-    per_iteration, budget, evolved_tests, note = None, {}, None, ""
+    per_iteration, budget, evolved_tests, evolved_items, note = None, {}, None, None, ""
     if cls.searches:
         found = search_method(
             method, cfg, domain, evaluator, workdir, seed, base_params=base_params,
@@ -317,7 +329,7 @@ def run_method(
         budget = {**found.budget, **inner_step_totals(cfg, found.budget, population=cls.population)}
         per_iteration = per_iteration_summary(found.history)
         if cls.population and found.incumbent_params is not None:
-            evolved_tests = test_accuracies(domain, evaluator, found.incumbent_params)
+            evolved_tests, evolved_items = test_accuracies(domain, evaluator, found.incumbent_params)
         per_iteration["candidate_test_mean"] = (
             candidate_test_means(workdir, found.history, evaluator, domain.test, base_params)
             if _flag(cfg, "compare.candidate_test") else None
@@ -332,12 +344,12 @@ def run_method(
 
     if expression is None:
         note = "no valid expression was found; the base policy's test accuracy is reported"
-        retrained_tests = test_accuracies(domain, evaluator, base_params)
+        retrained_tests, retrained_items = test_accuracies(domain, evaluator, base_params)
         result_canonical, retrained, curves = None, headline_accuracy(retrained_tests), {}
     else:
         final = train_final(expression, domain, evaluator, keys["final"], base_params, keep_dir)
         result_canonical, retrained, curves = final.canonical, final.test, final.curves
-        retrained_tests = final.test_sets
+        retrained_tests, retrained_items = final.test_sets, final.test_items
     evolved_test = headline_accuracy(evolved_tests) if evolved_tests is not None else None
     if per_iteration is not None:
         per_iteration["test_of_best"] = (
@@ -362,6 +374,7 @@ def run_method(
         retrained_test_sets=retrained_tests,
         headline=HEADLINE_EVOLVED if evolved_test is not None else HEADLINE_RETRAINED,
         note=note,
+        test_items=evolved_items if evolved_test is not None else retrained_items,
     )
     atomic_write_json(saved, result.to_json())
     return result
@@ -468,8 +481,8 @@ def base_policy_test(workdir: str, domain: TokenDomain, evaluator: CandidateEval
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
             return float(json.load(handle)["test"])
-    tests = test_accuracies(domain, evaluator, base_params)
-    atomic_write_json(path, {"test": headline_accuracy(tests), "test_sets": tests})
+    tests, items = test_accuracies(domain, evaluator, base_params)
+    atomic_write_json(path, {"test": headline_accuracy(tests), "test_sets": tests, "test_items": items})
     return headline_accuracy(tests)
 
 

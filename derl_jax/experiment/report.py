@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from derl_jax.checkpoint import atomic_write_json, atomic_write_text
-from derl_jax.experiment import plots, stats
+from derl_jax.experiment import claims, plots, stats
 from derl_jax.outer.candidates import STRUCTURE_CLASSES
 from derl_jax.experiment.results import HEADLINE_EVOLVED, MethodResult
 
@@ -82,6 +82,9 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
             {"": best_curves}, os.path.join(workdir, BEST_SO_FAR_PLOT), xlabel="candidates evaluated",
             ylabel="best validation score so far")
 
+    paired = claims.paired_rows(results)
+    claim_rows = claims.claim_rows(results)
+    derl_minus_random = claims.iteration_difference(results)
     set_md, set_summary = test_set_table(results, "test_sets")
     retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
     payload = {
@@ -92,6 +95,9 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
         "test": test_summary,
         "retrained_test": retrained_summary,
         "validation": val_summary,
+        "paired": [{"method": m, "baseline": b, **d} for m, b, d in paired],
+        "claims": claim_rows,
+        "derl_minus_random_per_iteration": derl_minus_random,
         "headline": {m: sorted({r.headline for r in rs}) for m, rs in results.items()},
         "per_seed": {m: [_seed_row(r) for r in rs] for m, rs in results.items()},
         "budget": {m: [dict(r.budget) for r in rs] for m, rs in results.items()},
@@ -102,7 +108,7 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
                         for m, band in ((m, plots.curve_band(v)) for m, v in best_curves.items())},
     }
     atomic_write_json(os.path.join(workdir, RESULTS_JSON), _json_safe(payload))
-    markdown = _markdown(results, test_md, retrained_md, val_md, payload, figures)
+    markdown = _markdown(results, test_md, retrained_md, val_md, payload, figures, paired)
     if set_md:
         tables = ["## Test accuracy by test set and metric (headline policy)", "", set_md]
         if any(r.headline == HEADLINE_EVOLVED for rs in results.values() for r in rs):
@@ -163,7 +169,13 @@ def _seed_row(r: MethodResult) -> dict:
         "test_sets": r.test_sets,
         "retrained_test_sets": r.retrained_test_sets,
         "note": r.note,
+        "test_items": None if r.test_items is None else [_compact(v) for v in r.test_items],
     }
+
+
+def _compact(value: float) -> float | int:
+    """0.0 / 1.0 as 0 / 1 (per-item pass scores make up most of results.json)."""
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def _complete(rows: Sequence[Sequence[float | None] | None]) -> np.ndarray | None:
@@ -203,14 +215,25 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Mapping, figures: Mapping[str, str]) -> str:
+def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Mapping, figures: Mapping[str, str],
+              paired: Sequence[tuple[str, str, dict]]) -> str:
     evolved = sorted({m for m, rs in results.items() for r in rs if r.headline == HEADLINE_EVOLVED})
     headline = "the policy retrained from scratch with the chosen expression on the full training set"
     if evolved:
         headline += f"; for {', '.join(evolved)} the policy the population search evolved"
-    lines = ["# DERL comparison", "", f"## Test accuracy (headline: {headline})", "", test_md]
+    lines = ["# DERL comparison", ""]
+    if payload["claims"]:
+        lines += ["## The paper's claims on this compare", "",
+                  "Separated: the 95% interval excludes 0 in the claim's direction; reversed: it excludes 0 "
+                  "the other way.", "", claims.claims_table(payload["claims"])]
+    lines += [f"## Test accuracy (headline: {headline})", "", test_md]
     if payload.get("base_policy_test") is not None:
         lines += [f"Base policy (before RL): {100 * payload['base_policy_test']:.2f}% test accuracy.", ""]
+    if paired:
+        lines += ["## Paired differences (same seeds, same base policy, same test items)", "",
+                  "Method minus baseline in test accuracy points; the interval is a paired bootstrap over seeds and "
+                  "test items (rliable); \"separated\" only when it excludes 0.", "", stats.difference_table(paired)]
+    lines += _iteration_difference_lines(payload.get("derl_minus_random_per_iteration"))
     lines += ["## Test accuracy of the policy retrained from scratch (every method)", "", retrained_md]
     lines += ["## Validation accuracy (search score; fixed baselines: one inner training)", "", val_md]
     lines += ["## Chosen expressions", "",
@@ -244,6 +267,17 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     for name, path in figures.items():
         lines.append(f"- `{os.path.basename(path)}`" + (f": {_curve_text(payload)}" if name == "outer_curves" else ""))
     return "\n".join(lines) + "\n"
+
+
+def _iteration_difference_lines(difference: Mapping[str, Sequence[float]] | None) -> list[str]:
+    """derl − random in each iteration's mean candidate validation score, with its interval."""
+    if not difference:
+        return []
+    lines = ["## derl − random: mean validation score of each iteration's candidates (points, paired by seed)", "",
+             "| iteration | difference | 95% CI |", "|---:|---:|---|"]
+    for i, (mean, low, high) in enumerate(zip(difference["mean"], difference["ci95_low"], difference["ci95_high"])):
+        lines.append(f"| {i + 1} | {100 * mean:+.2f} | [{100 * low:+.2f}, {100 * high:+.2f}] |")
+    return lines + ["", f"Over {difference['seeds']} seeds.", ""]
 
 
 def _best_so_far_lines(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> list[str]:

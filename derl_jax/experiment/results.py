@@ -26,6 +26,9 @@ class MethodResult:
     test_sets: {test set: {metric: accuracy}} of the headline policy (`protocol.test_accuracies`;
         math: {"gsm8k": {"exact": .., "verify": ..}, "math": {...}}); `test` is its first
         metric on its first set. retrained_test_sets: the same for the retrained policy.
+    test_items: the headline policy's score on each item of the first test set (1/0 pass, in the
+        set's order; its mean is the set's accuracy), for paired comparisons between methods on
+        the same items (`derl_jax.experiment.claims`); None where the evaluator gives none.
     budget: the search's candidate counters (`derl_jax.outer.search`) and inner-step totals
         (`derl_jax.outer.budget.inner_step_totals`); {} for fixed expressions.
     per_iteration (search methods): lists over outer iterations of "validation_mean",
@@ -52,6 +55,7 @@ class MethodResult:
     note: str = ""
     test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     retrained_test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    test_items: Sequence[float] | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
