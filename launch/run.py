@@ -121,7 +121,8 @@ def main(argv: list[str]) -> None:
     try:
         launch(_CONFIG.value, _MODE.value, workdir=_WORKDIR.value, expression=_EXPRESSION.value,
                progress=_PROGRESS.value and sys.stderr.isatty(), accelerators=_ACCELERATOR.value,
-               plan_compile=_PLAN_COMPILE.value, compile_cache=_COMPILE_CACHE.value)
+               plan_compile=_PLAN_COMPILE.value, compile_cache=_COMPILE_CACHE.value,
+               command=" ".join(["python", SCRIPT, *sys.argv[1:]]))
     except InputError as err:
         user_error(str(err), debug=_DEBUG.value)
 

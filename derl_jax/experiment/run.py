@@ -26,14 +26,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from typing import Any, Mapping, Sequence
 
 from derl_jax import workdir as run_dir
 from derl_jax.config import ConfigError, InputError, config_value, has_field
 from derl_jax.experiment import build, compare, protocol
 from derl_jax.experiment.checks import checked_levels, validate_config
-from derl_jax.experiment.runtime import (compile_cache_dir, make_host_devices, primary_process, run_cores,
-                                         use_compile_cache)
+from derl_jax.experiment.runtime import (compile_cache_dir, make_host_devices, primary_process, record_run, run_cores,
+                                         run_info, use_compile_cache)
 from derl_jax.outer.search import SEARCH_RESULT_FILE, read_search_result
 from derl_jax.outer.strategy import OptimizerFactory
 
@@ -170,10 +171,12 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
 
 def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str | None = None,
            progress: bool = True, accelerators: Sequence[str] = DEFAULT_ACCELERATORS, plan_compile: bool = False,
-           compile_cache: str | None = None, environ: Mapping[str, str] | None = None) -> Any:
+           compile_cache: str | None = None, environ: Mapping[str, str] | None = None, command: str = "") -> Any:
     """`run` in a fresh process, as the command line starts it: one XLA host device per core where
     the run can use them, several processes joined when the environment asks for it, the
-    persistent compilation cache (`--compile_cache`, `runtime.compile_cache_dir`), then `run`."""
+    persistent compilation cache (`--compile_cache`, `runtime.compile_cache_dir`), then `run`;
+    a finished run leaves `run_info.json` in its workdir (`command`, the commit, the date, the
+    machine, the versions and the wall time), which the results pages quote."""
     from derl_jax.parallel import maybe_initialize_distributed
 
     environ = os.environ if environ is None else environ
@@ -184,4 +187,8 @@ def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str |
         import jax
 
         use_compile_cache(compile_cache_dir(compile_cache, workdir, environ, jax.process_count()))
-    return run(cfg, workdir, mode, expression, progress=progress, accelerators=accelerators, plan_compile=plan_compile)
+    started, info = time.monotonic(), run_info(command, mode)
+    result = run(cfg, workdir, mode, expression, progress=progress, accelerators=accelerators, plan_compile=plan_compile)
+    if mode != "plan" and primary_process():
+        record_run(workdir, info, started)
+    return result

@@ -6,13 +6,19 @@ These run before JAX starts its backend (`make_host_devices`) or right after
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
+import subprocess
 import sys
+import time
 from typing import Any, Mapping
 
+from derl_jax.checkpoint import atomic_write_json
 from derl_jax.config import config_value
 from derl_jax.parallel import distributed_requested, host_cores, host_device_flags
 
+RUN_INFO_FILE = "run_info.json"
 COMPILE_CACHE_DIR = "compile_cache"
 COMPILE_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
@@ -68,3 +74,46 @@ def primary_process() -> bool:
     """False on processes 1.. of a multi-process job (JAX is imported by then); True otherwise."""
     jax = sys.modules.get("jax")
     return jax is None or jax.process_index() == 0
+
+
+def commit_of(path: str) -> str | None:
+    """The git commit of the checkout holding `path` (with "+changes" when its tree differs), or None."""
+    where = os.path.dirname(os.path.abspath(path))
+    try:
+        head = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_info(command: str, mode: str) -> dict:
+    """What made a run: the command, the code's commit, the date, the machine and the versions."""
+    import jax
+
+    return {"command": command, "mode": mode, "commit": commit_of(__file__),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cpu": cpu_name(), "cores": os.cpu_count(), "backend": jax.default_backend(),
+            "devices": [str(d.device_kind) for d in jax.devices()][:1] + ([f"x{jax.device_count()}"]
+                                                                           if jax.device_count() > 1 else []),
+            "jax": jax.__version__, "python": platform.python_version()}
+
+
+def record_run(workdir: str, info: Mapping[str, Any], started: float) -> None:
+    """`<workdir>/run_info.json`: `info` and the wall time since `started` (time.monotonic())."""
+    atomic_write_json(os.path.join(workdir, RUN_INFO_FILE), {**info, "wall_s": round(time.monotonic() - started, 1)})
