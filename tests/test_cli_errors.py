@@ -139,6 +139,7 @@ def test_a_user_error_is_one_line_with_status_2(cases, name):
     assert completed.stdout == ""
 
 
+@pytest.mark.slow
 def test_nothing_is_written_where_the_checks_fail(cases):
     root = cases["_root"]
     for index in [*range(1, 19), 22]:  # the workdirs of the config, flag, expression and policy errors
@@ -146,12 +147,14 @@ def test_nothing_is_written_where_the_checks_fail(cases):
     assert sorted(os.listdir(root / "e19")) == []  # the data error released the lock and left nothing
 
 
+@pytest.mark.slow
 def test_a_stale_lock_is_taken_over_with_a_warning(cases):
     completed, _ = cases["data_missing"]  # ran in the workdir of a killed run, then stopped at its data
     assert f"stale lock of pid {cases['_stale_pid']} on host {socket.gethostname()}" in completed.stderr
     assert not os.path.exists(cases["_root"] / "stale" / "run.lock")
 
 
+@pytest.mark.slow
 def test_debug_adds_the_traceback_and_keeps_status_2(cases):
     completed, expected = cases["debug_shows_the_traceback"]
     assert completed.returncode == 2
@@ -159,6 +162,7 @@ def test_debug_adds_the_traceback_and_keeps_status_2(cases):
     assert completed.stderr.strip().splitlines()[-1].startswith(PREFIX + expected)
 
 
+@pytest.mark.slow
 def test_an_internal_error_keeps_its_traceback(cases):
     completed, _ = cases["internal_error"]
     assert completed.returncode == 1

@@ -12,6 +12,8 @@ from benchmarks import device_check
 from derl_jax.plan import analytic
 from derl_jax.plan.analytic import RunShape
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEAK = 1e12
 
@@ -28,7 +30,6 @@ def result(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow
 def test_sections_and_device(result):
     assert {"tiny", "device", "machine", "memory", "mfu", "candidates", "wall_s", "complete"} <= set(result)
     assert result["tiny"] is True and result["complete"] is True

@@ -42,6 +42,8 @@ TIMEOUT_S = 600
 AUDIT_WRAPPER = r'''
 import json, os, runpy, sys
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 CHANGES = ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate", "os.link", "os.symlink",
            "os.chmod", "os.utime")
@@ -181,7 +183,6 @@ def runs(tmp_path_factory):
     return {"single_dir": single_dir, "multi_dir": multi_dir, "audit_log": audit_log, "chain": chain}
 
 
-@pytest.mark.slow
 def test_a_killed_process_stops_the_job(runs):
     for status, output in runs["chain"][:2]:
         assert status != 0, output[-3000:]

@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np
@@ -71,7 +73,6 @@ def measured():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
 def test_analytic_per_device_bytes_equal_the_real_shards(measured):
     assert measured["devices"] == 8
     # device 0 holds K / cand = 2 candidates, each split 2 ways over 'model'
