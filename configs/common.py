@@ -127,8 +127,8 @@ COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": Fal
 MESH = {"cand": 1, "data": 0, "model": 1}
 TRUST = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
 ARBO = {
-    "proposer": "structural", "schedule": "adaptive", "initial_explore": 1, "patience": 2, "reexplore": 1,
-    "belief": True, "observations": "full", "task": "",
+    "schedule": "adaptive", "initial_explore": 1, "patience": 2, "reexplore": 1,
+    "belief": True, "observations": "full", "history": "all", "retrieve_k": 4, "framework": True, "task": "",
     "agent": {"backend": "openai", "url": "http://127.0.0.1:8000/v1", "model": "", "api_key_env": "",
               "checkpoint": "", "tokenizer": "", "temperature": 0.7, "max_tokens": 1024, "timeout_s": 120.0,
               "max_turns": 24},

@@ -16,8 +16,9 @@ written atomically, so the searcher's workspace survives a kill.
 
 The query functions (`incumbent`, `acceptance_record`, `visible`, `list_candidates`,
 `candidate_curves`, `render_*`) are what both the structural proposer and the agent's tools
-read. `visible` applies the two history ablations: `level="scores"` hides curves and failure
-reasons, `scope="incumbent"` shows only the best candidate so far (greedy refinement).
+read. `visible` applies the history ablations: `level="scores"` hides curves and failure
+reasons; `scope="incumbent"` shows only the best candidate so far (greedy refinement),
+`scope="retrieved"` only the k candidates most similar to it (`retrieve`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -38,7 +40,9 @@ HISTORY_FILE = "history.json"
 FORMAT = 1
 MAX_CURVE_POINTS = 64
 LEVELS = ("full", "scores")
-SCOPES = ("all", "incumbent")
+SCOPES = ("all", "incumbent", "retrieved")
+RETRIEVE_K = 4
+TOKEN = re.compile(r"g\d+|[A-Za-z_]+|\d+(?:\.\d*)?(?:e-?\d+)?|\*\*|[-+*/(),]")
 NO_BRANCH = None  # Lineage.parent of a candidate that opens a new branch
 
 
@@ -179,8 +183,33 @@ def acceptance_record(history: History) -> tuple[bool, ...]:
     return tuple(accepted)
 
 
-def visible(history: History, level: str = "full", scope: str = "all") -> tuple[Observation, ...]:
-    """The observations a searcher with this view sees (module docstring)."""
+def expression_tokens(text: str) -> frozenset[str]:
+    """The tokens of an expression text and its adjacent token pairs (what `similarity` compares)."""
+    tokens = TOKEN.findall(text)
+    return frozenset(tokens) | frozenset(f"{a} {b}" for a, b in zip(tokens, tokens[1:]))
+
+
+def similarity(a: str, b: str) -> float:
+    """Jaccard similarity of two expressions' `expression_tokens` (1: the same tokens and pairs)."""
+    left, right = expression_tokens(a), expression_tokens(b)
+    return len(left & right) / len(left | right) if left | right else 1.0
+
+
+def retrieve(history: History, k: int = RETRIEVE_K) -> tuple[Observation, ...]:
+    """The k observations most similar (`similarity` of canonical forms, else texts) to the
+    incumbent, which is one of them; ties go to the newer. Without an incumbent: the k latest.
+    In history order."""
+    best = incumbent(history)
+    if best is None:
+        return history.observations[-k:] if k > 0 else ()
+    form = lambda o: o.canonical or o.text  # noqa: E731
+    ranked = sorted(history.observations, key=lambda o: (o.id != best.id, -similarity(form(o), form(best)), -o.id))
+    return tuple(sorted(ranked[:k], key=lambda o: o.id))
+
+
+def visible(history: History, level: str = "full", scope: str = "all", k: int = RETRIEVE_K) -> tuple[Observation, ...]:
+    """The observations a searcher with this view sees (module docstring); `k` is the
+    retriever's (scope "retrieved")."""
     if level not in LEVELS:
         raise ValueError(f"history level must be one of {LEVELS}, got {level!r}")
     if scope not in SCOPES:
@@ -188,6 +217,8 @@ def visible(history: History, level: str = "full", scope: str = "all") -> tuple[
     if scope == "incumbent":
         best = incumbent(history)
         shown = () if best is None else (best,)
+    elif scope == "retrieved":
+        shown = retrieve(history, k)
     else:
         shown = history.observations
     if level == "scores":
@@ -319,10 +350,11 @@ def history_path(run_dir: str | os.PathLike) -> str:
     return os.path.join(os.fspath(run_dir), HISTORY_DIR, HISTORY_FILE)
 
 
-def save(history: History, run_dir: str | os.PathLike) -> str:
-    """Write `<run_dir>/arbo/history.json` atomically; returns the path."""
+def save(history: History, run_dir: str | os.PathLike, about: Mapping[str, Any] | None = None) -> str:
+    """Write `<run_dir>/arbo/history.json` atomically; returns the path. `about` (e.g. the method
+    and its proposer) is written beside the history's own keys; `load` leaves it out."""
     path = history_path(run_dir)
-    atomic_write_json(path, to_json(history), indent=None)
+    atomic_write_json(path, {**dict(about or {}), **to_json(history)}, indent=None)
     return path
 
 

@@ -61,15 +61,19 @@ MAX_DRAWS_PER_PROPOSAL = 40
 
 @dataclasses.dataclass(frozen=True)
 class View:
-    """What the searcher may read: `level` ("full"/"scores"), `scope` ("all"/"incumbent"),
-    `belief` (read and use its own belief and credit)."""
+    """What the searcher may read: `level` ("full"/"scores"; the agent's workspace also knows
+    "none"), `scope` ("all"/"incumbent"/"retrieved", with `k` the retriever's k), `belief`
+    (read and use its own belief and credit)."""
 
     level: str = "full"
     scope: str = "all"
     belief: bool = True
+    k: int = hist.RETRIEVE_K
 
     def observations(self, history: hist.History) -> tuple[hist.Observation, ...]:
-        return hist.visible(history, self.level, self.scope)
+        """The visible observations; with level "none" those of "scores", whose scores the
+        workspace then leaves out."""
+        return hist.visible(history, "scores" if self.level == "none" else self.level, self.scope, self.k)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""ARBO's history and belief survive SIGKILL: a killed and resumed search proposes exactly what an
+"""The history search's history and belief survive SIGKILL: a killed and resumed search proposes exactly what an
 uninterrupted one does, and ends with the same history file.
 
-Each run is a subprocess running `derl_jax.outer.search.search` with the `arbo` strategy and a
+Each run is a subprocess running `derl_jax.outer.search.search` with the `history_search` strategy and a
 fake evaluator (scores and curves are NumPy functions of the expression). Two kills: one right
 after the strategy wrote round 2's history (so the file is ahead of the checkpoint), one in the
 middle of evaluating a later round.
@@ -58,8 +58,8 @@ SCRIPT = textwrap.dedent('''
 
     original_save = hist.save
 
-    def save_then_maybe_die(history, run_dir):
-        path = original_save(history, run_dir)
+    def save_then_maybe_die(history, run_dir, about=None):
+        path = original_save(history, run_dir, about)
         if history.rounds == kill_after_save:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
@@ -69,7 +69,7 @@ SCRIPT = textwrap.dedent('''
                                      "inner": {"common_random_numbers": True},
                                      "arbo": {"initial_explore": 1, "patience": 1, "reexplore": 1}})
     data = TokenDataset(prompts=jnp.ones((4, 3), jnp.int32), prompt_mask=jnp.ones((4, 3), bool), context={})
-    strategy = make_strategy("arbo", cfg, None, NAMES, workdir=workdir)
+    strategy = make_strategy("history_search", cfg, None, NAMES, workdir=workdir)
     search_module.search(strategy, Evaluator(), data, data, NAMES, cfg, workdir, jax.random.key(3),
                          init_params={"skill": jnp.float32(0)}, progress=False, echo=lambda line: None)
 ''')
@@ -89,7 +89,7 @@ def proposals(workdir):
 
 @pytest.mark.slow
 def test_history_and_belief_survive_sigkill(tmp_path):
-    script = tmp_path / "arbo_run.py"
+    script = tmp_path / "history_search_run.py"
     script.write_text(SCRIPT)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     done = run(script, straight)
