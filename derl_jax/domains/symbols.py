@@ -34,7 +34,7 @@ Config fields (`config.domain`):
   max_new_tokens  generation budget T per completion (>= max_len + 1: the answer and EOS)
 Warm-start corpus options (`config.policy`, read by `supervised_corpus`):
   sft_mix            style -> weight (default `DEFAULT_SFT_MIX`)
-  sft_reverse_rate   the mixed style's chance of the reversed letter (default 0.3)
+  sft_reverse_rate   the mixed style's chance of the reversed letter (default 0.2)
   sft_extra_strings  fresh strings (in neither split) added to the corpus (default 0)
 """
 
@@ -57,7 +57,7 @@ from primitives.symbols import LETTERS, MARKER, SEPARATOR, SYMBOLS_PRIMITIVES, s
 
 REFERENCE_STYLES = ("reverse", "copy", "mixed", "marked")
 DEFAULT_SFT_MIX = types.MappingProxyType({"mixed": 0.85, "marked": 0.15})
-DEFAULT_REVERSE_RATE = 0.3
+DEFAULT_REVERSE_RATE = 0.2
 
 _MAX_DRAWS_PER_STRING = 1000
 
