@@ -13,7 +13,8 @@ the base policy and the compiled programs are built once per seed) and keeps eac
 `final_result.json` as `<workdir>/seed_<s>/<i>.json` (i: the expression's place in the list;
 a kept result is not run again). Then it tests each seed's base policy (no RL) and writes
 `<workdir>/reference.md` and `reference.json`: test exact-match accuracy per expression,
-mean ± std [95% Student-t interval] over the seeds (`derl_jax.meta.stats`).
+mean ± std [95% Student-t interval] over the seeds (`derl_jax.meta.stats`), and the same for
+the per-seed differences of `--pairs` (paired over seeds).
 Extra `--override=--config.<field>=<value>` flags are passed to every run.
 """
 
@@ -34,6 +35,10 @@ SCRIPT = os.path.join(REPO_ROOT, "launch", "run.py")
 # the primitives a wrong answer can satisfy; the average of all (= `average`) and without the decoy
 DEFAULT_EXPRESSIONS = ("g1", "g2", "g1+g2", "g3", "g4", "g5", "(g1+g2+g3+g4+g5)/5", "(g1+g2+g3+g4)/4")
 BASE_ROW = "base policy (no RL)"
+# the dense signal and outcome+dense against the outcome; the average against the best and against
+# the average without the decoy
+DEFAULT_PAIRS = (("g2", "g1"), ("g1+g2", "g1"), ("(g1+g2+g3+g4+g5)/5", "g2"),
+                 ("(g1+g2+g3+g4+g5)/5", "(g1+g2+g3+g4)/4"))
 
 
 def final_command(config: str, expression: str, seed: int, workdir: str, overrides: Sequence[str]) -> list[str]:
@@ -89,16 +94,21 @@ def base_accuracy(config: str, seed: int, workdir: str, overrides: Sequence[str]
     return make_evaluator(domain, graphdef, cfg).accuracy(params, domain.test)
 
 
-def table(per_row: dict[str, list[float]], seeds: Sequence[int]) -> tuple[str, dict]:
-    """(Markdown, numbers): test exact match per row, mean ± std [95% CI] over `seeds`."""
+def table(per_row: dict[str, list[float]], seeds: Sequence[int], pairs: Sequence[tuple[str, str]]
+          ) -> tuple[str, dict]:
+    """(Markdown, numbers): test exact match per row, mean ± std [95% CI] over `seeds`; the
+    same for the per-seed difference a − b of each pair (a, b) of rows; the values."""
     from derl_jax.meta.stats import results_table
 
-    markdown, summaries = results_table({f"`{k}`" if k != BASE_ROW else k: v for k, v in per_row.items()},
+    name = lambda row: f"`{row}`" if row != BASE_ROW else row  # noqa: E731
+    markdown, summaries = results_table({name(k): v for k, v in per_row.items()},
                                         column="test exact match", digits=3, clip=(0.0, 1.0))
-    per_seed = ["", "| row | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-                "|---|" + "---:|" * len(seeds)]
-    per_seed += [f"| {k} | " + " | ".join(f"{v:.3f}" for v in values) + " |" for k, values in per_row.items()]
-    return markdown + "\n".join(per_seed) + "\n", {"summaries": summaries, "per_seed": per_row, "seeds": list(seeds)}
+    paired = {f"{name(a)} − {name(b)}": [x - y for x, y in zip(per_row[a], per_row[b])] for a, b in pairs}
+    paired_md, paired_summaries = results_table(paired, column="paired difference", digits=3)
+    per_seed = ["| row | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---:|" * len(seeds)]
+    per_seed += [f"| {name(k)} | " + " | ".join(f"{v:.3f}" for v in values) + " |" for k, values in per_row.items()]
+    text = "\n".join([markdown, paired_md, "\n".join(per_seed), ""])
+    return text, {"summaries": summaries, "paired": paired_summaries, "per_seed": per_row, "seeds": list(seeds)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -107,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--expressions", default=";".join(DEFAULT_EXPRESSIONS), help="';'-separated")
     parser.add_argument("--workdir", default="runs/symbols_reference")
+    parser.add_argument("--pairs", default=";".join("|".join(p) for p in DEFAULT_PAIRS),
+                        help="';'-separated a|b: report a − b per seed (pairs naming an expression not run are left out)")
     parser.add_argument("--override", action="append", default=[], help="e.g. --override=--config.inner.steps=32")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -120,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             per_row[expression].append(float(result["test"]))
             print(f"seed {seed} {expression}: test {result['test']:.3f}", flush=True)
         per_row[BASE_ROW].append(base_accuracy(args.config, seed, workdir, args.override))
-    markdown, numbers = table(per_row, seeds)
+    pairs = [tuple(p.split("|")) for p in args.pairs.split(";") if p.strip()]
+    pairs = [(a.strip(), b.strip()) for a, b in pairs if a.strip() in per_row and b.strip() in per_row]
+    markdown, numbers = table(per_row, seeds, pairs)
     with open(os.path.join(workdir, "reference.md"), "w", encoding="utf-8") as handle:
         handle.write(markdown)
     with open(os.path.join(workdir, "reference.json"), "w", encoding="utf-8") as handle:
