@@ -2,19 +2,25 @@
 
 Presets (`--config=configs/symbols.py:<preset>`):
 
-  default  a DERL search of 20 outer iterations x 8 candidates is cheap here (one candidate's
-           inner training takes a fraction of a second on one CPU core), so the outer loop can
-           be run over many seeds. A fixed reward (docs/domains/symbols.md has the table):
+  default  one candidate's inner training costs about 0.44 CPU-seconds, so the outer loop can
+           run many iterations over many seeds (docs/domains/symbols.md has the reference
+           table and the timings). A fixed reward (under a minute):
 
       python launch/run.py --config=configs/symbols.py --mode=final --expression="g2" --workdir=runs/symbols_g2
 
-           a search (about 1.5 minutes on a 2-core CPU):
+           a DERL search of 20 outer iterations x 8 candidates (about 3 CPU-minutes; 6.5
+           minutes on a 2-core CPU shared with other jobs):
 
       python launch/run.py --config=configs/symbols.py --mode=search --config.outer.iterations=20 \\
           --workdir=runs/symbols_search
 
-  smoke    the same pipeline at toy sizes (used by tests; well under a minute of work outside
-           start-up):
+           DERL over 10 seeds (15 minutes on that shared 2-core CPU):
+
+      python launch/run.py --config=configs/symbols.py --mode=compare --config.outer.iterations=20 \\
+          --config.compare.methods="('derl',)" --config.compare.seeds="(0,1,2,3,4,5,6,7,8,9)"
+
+  smoke    the same pipeline at toy sizes (used by tests; about 1.5 minutes on that shared
+           2-core CPU, mostly start-up and compilation):
 
       python launch/run.py --config=configs/symbols.py:smoke --mode=compare --workdir=runs/symbols_smoke
 
