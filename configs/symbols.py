@@ -2,7 +2,7 @@
 
 Presets (`--config=configs/symbols.py:<preset>`):
 
-  default  one candidate's inner training costs about 0.44 CPU-seconds, so the outer loop can
+  default  one candidate's inner training costs about 0.5 CPU-seconds, so the outer loop can
            run many iterations over many seeds (docs/domains/symbols.md has the reference
            table and the timings). A fixed reward (under a minute):
 
