@@ -13,7 +13,7 @@ the base policy and the compiled programs are built once per seed) and keeps eac
 `final_result.json` as `<workdir>/seed_<s>/<i>.json` (i: the expression's place in the list;
 a kept result is not run again). Then it tests each seed's base policy (no RL) and writes
 `<workdir>/reference.md` and `reference.json`: test exact-match accuracy per expression,
-mean ± std [95% Student-t interval] over the seeds (`derl_jax.meta.stats`), and the same for
+mean ± std [95% Student-t interval] over the seeds (`derl_jax.experiment.stats`), and the same for
 the per-seed differences of `--pairs` (paired over seeds).
 Extra `--override=--config.<field>=<value>` flags are passed to every run.
 """
@@ -98,7 +98,7 @@ def table(per_row: dict[str, list[float]], seeds: Sequence[int], pairs: Sequence
           ) -> tuple[str, dict]:
     """(Markdown, numbers): test exact match per row, mean ± std [95% CI] over `seeds`; the
     same for the per-seed difference a − b of each pair (a, b) of rows; the values."""
-    from derl_jax.meta.stats import results_table
+    from derl_jax.experiment.stats import results_table
 
     name = lambda row: f"`{row}`" if row != BASE_ROW else row  # noqa: E731
     markdown, summaries = results_table({name(k): v for k, v in per_row.items()},

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from derl_jax.models.tokenizers import CharTokenizer
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 __all__ = ["SYMBOLS_PRIMITIVES", "exact", "position", "bag", "length", "marker"]
 
@@ -94,7 +94,7 @@ def _longer(output_len: jax.Array, answer_len: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.maximum(output_len, answer_len), 1).astype(jnp.float32)
 
 
-@primitive("exact", kind="device", domain="symbols", aliases=("outcome",))
+@register_primitive("exact", kind="device", domain="symbols", aliases=("outcome",))
 def exact(rollout, context):
     """1 when the output is the gold string and then EOS, else 0."""
     tokens, _, output_len, ended = output_span(rollout)
@@ -103,7 +103,7 @@ def exact(rollout, context):
     return (ended & (output_len == answer_len) & (hits == answer_len)).astype(jnp.float32)
 
 
-@primitive("position", kind="device", domain="symbols", aliases=("dense",))
+@register_primitive("position", kind="device", domain="symbols", aliases=("dense",))
 def position(rollout, context):
     """Aligned matches / max(output length, gold length), in [0, 1]."""
     tokens, _, output_len, _ = output_span(rollout)
@@ -112,7 +112,7 @@ def position(rollout, context):
     return hits.astype(jnp.float32) / _longer(output_len, answer_len)
 
 
-@primitive("bag", kind="device", domain="symbols")
+@register_primitive("bag", kind="device", domain="symbols")
 def bag(rollout, context):
     """Multiset overlap of the output's and the gold string's letters / max(output, gold length)."""
     tokens, in_output, output_len, _ = output_span(rollout)
@@ -122,7 +122,7 @@ def bag(rollout, context):
     return overlap.astype(jnp.float32) / _longer(output_len, answer_len)
 
 
-@primitive("length", kind="device", domain="symbols")
+@register_primitive("length", kind="device", domain="symbols")
 def length(rollout, context):
     """1 when the output has the gold string's length and then EOS, else 0."""
     _, _, output_len, ended = output_span(rollout)
@@ -130,7 +130,7 @@ def length(rollout, context):
     return (ended & (output_len == answer_len)).astype(jnp.float32)
 
 
-@primitive("marker", kind="device", domain="symbols", aliases=("decoy",))
+@register_primitive("marker", kind="device", domain="symbols", aliases=("decoy",))
 def marker(rollout, context):
     """1 when the output contains the decoy symbol `#` anywhere, else 0."""
     del context

@@ -17,10 +17,11 @@ import pytest
 
 import primitives.symbols as prims
 from configs import common
-from derl_jax.config import ConfigError, validate_shared
+from derl_jax.config import ConfigError
+from derl_jax.experiment.checks import validate_config
 from derl_jax.domains import symbols
 from derl_jax.domains.registry import get_domain
-from derl_jax.meta.protocol import compile_checked, run_keys, split_train
+from derl_jax.experiment.protocol import compile_checked, run_keys, split_train
 from derl_jax.rl.setup import build_inner
 from primitives import registry
 
@@ -224,7 +225,7 @@ def test_the_domain_registers_itself_with_its_checks():
     spec = get_domain("symbols")
     for preset in ("default", "smoke"):
         cfg = module.get_config(preset)
-        validate_shared(cfg)
+        validate_config(cfg)
         spec.validate(cfg)
         assert spec.primitive_names(cfg) == NAMES
         reference = common.base("x", {}, {})

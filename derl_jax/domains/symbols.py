@@ -50,7 +50,7 @@ import numpy as np
 
 from derl_jax.config import ConfigError, config_value, int_at_least, is_number
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.models.tokenizers import CharTokenizer
 from primitives import registry
 from primitives.symbols import LETTERS, MARKER, SEPARATOR, SYMBOLS_PRIMITIVES, symbols_tokenizer
@@ -284,5 +284,6 @@ def validate_symbols_config(cfg: Any) -> None:
                               f"positive sum, got {mix!r}")
 
 
-register_domain(DomainSpec(name="symbols", build=lambda cfg: make_symbols_domain(cfg.domain),
-                           primitive_names=lambda cfg: SYMBOLS_PRIMITIVES, validate=validate_symbols_config))
+@register_domain("symbols", primitive_names=lambda cfg: SYMBOLS_PRIMITIVES, validate=validate_symbols_config)
+def build_symbols_domain(cfg: Any) -> Domain:
+    return make_symbols_domain(cfg.domain)
