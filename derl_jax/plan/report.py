@@ -25,6 +25,7 @@ import os
 from typing import Any, Sequence
 
 from derl_jax.models import transformer as tr
+from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
 from derl_jax.plan import analytic, roofline
 from derl_jax.plan.analytic import RunShape
 
@@ -209,8 +210,6 @@ def settings_lines(cfg: Any) -> list[str]:
     """The resolved settings a plan is for, one line per part of the run: the policy, the inner
     loop, the Meta-Optimizer (its backbone, training settings and grammar), the outer loop with
     DERL-pop's schedule, and the final policies' steps."""
-    from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
-
     def get(path: str, default: Any = "-") -> Any:
         value = _field(cfg, path, default)
         return default if value is None else value
