@@ -125,3 +125,21 @@ def test_the_planners_paper_shapes_are_presets_that_ship(module, preset, planned
     shape = shape.replace(model=dataclasses.replace(shape.model, rope_theta=expected.model.rope_theta),
                           chunk_size=expected.chunk_size)   # rope_theta changes no size; chunk: the planner's choice
     assert shape == expected
+
+
+@pytest.mark.parametrize("module", [math_config, alfworld, scienceworld], ids=lambda m: m.__name__.split(".")[-1])
+def test_plan_mode_shows_the_hf_settings_and_memory_units(module, capsys, monkeypatch):
+    from derl_jax.experiment.run import plan_run
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)   # a plan needs no data, checkpoint or engine
+    result = plan_run(module.get_config(), ("h100",), devices=(8,))
+    out = capsys.readouterr().out
+    assert ("meta.backbone=hf meta.hf_path=/models/Qwen2.5-0.5B-Instruct meta.lr=1e-06 meta.cold_start_lr=1e-05 "
+            "meta.cold_start_steps=64 meta.kl=0.001 meta.kl_kind=k3 meta.epochs=4 meta.max_symbols=64 meta.max_depth=12 "
+            "meta.max_decimals=8 task/primitive descriptions: yes/4") in out
+    header, _, row = [line for line in out.splitlines() if line.startswith("|")][:3]
+    assert "params / device" in header and row.startswith("| H100 SXM | 8 |")
+    memory = [cell.strip() for cell in row.split("|")[6:11]]
+    assert all(cell.endswith((" GiB", " MiB")) for cell in memory), memory
+    peak, usable = (cell.strip() for cell in row.split("|")[11].split("/"))
+    assert peak.endswith(" GiB") and usable == "67.1 GiB" and result["plans"][0]["fits"]

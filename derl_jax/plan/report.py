@@ -29,7 +29,7 @@ from derl_jax.outer.budget import final_steps, population_inner_steps, populatio
 from derl_jax.plan import analytic, roofline
 from derl_jax.plan.analytic import RunShape
 
-# The shapes of the paper presets that ship (tests/test_plan_presets.py holds them equal to
+# The shapes of the paper presets that ship (tests/test_paper_presets.py holds them equal to
 # `shape_from_config` of configs/math.py and configs/alfworld.py / scienceworld.py, whose
 # `--mode=plan` gives the same figures). MATH: Qwen2.5-3B, group 5, 64 prompts, 512 + 512
 # tokens, 4 minibatches, KL 0.001 (a reference forward), remat, n = 8 candidates. Agent
