@@ -117,7 +117,7 @@ def int_tuple(cfg: Any, path: str, *, minimum: int, allowed: Sequence[int] | Non
 def held_out_split(cfg: Any, items_path: str, held_out_path: str, noun: str) -> None:
     """An agent domain's generalisation split: `held_out_path` names some of `items_path` (task
     kinds or names; at level L2 some but not all), and the trained ones x `domain.num_train` leave
-    at least 5 rows for the 8:2 inner-train/validation cut."""
+    at least 5 rows for the 8:2 inner-train/validation cut (num_train 0: the whole split)."""
     items = tuple(config_value(cfg, items_path))
     held_path = held_out_path.rsplit(".", 1)
     held_out = tuple(config_value(cfg, held_path[0]).get(held_path[1], ()))
@@ -129,7 +129,7 @@ def held_out_split(cfg: Any, items_path: str, held_out_path: str, noun: str) -> 
         raise ConfigError(f"config.{held_out_path} must name some but not all of config.{items_path} for level L2")
     trained = len(items) - (len(held_out) if level == "L2" else 0)
     rows = int(config_value(cfg, "domain.num_train"))
-    if trained * rows < 5:
+    if rows and trained * rows < 5:  # 0: every row of the benchmark's split, counted when it is read
         raise ConfigError(f"config.domain.num_train x training {noun} must be >= 5 (the 8:2 inner-train/validation "
                           f"cut), got {rows} x {trained}")
 

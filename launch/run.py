@@ -47,6 +47,8 @@ _COMPILE_CACHE = flags.DEFINE_string(
     "else <workdir>/compile_cache in a single-process job; --compile_cache= turns it off).")
 _PLAN_COMPILE = flags.DEFINE_bool("plan_compile", False, "--mode=plan: also compile the step's pieces on fake CPU "
                                   "devices for the compiler's memory figures.")
+_PLAN_DEVICES = flags.DEFINE_list("plan_devices", [], "--mode=plan: device counts to plan for, each with the first "
+                                  "mesh that fits (default: the configured mesh).")
 _LIST = flags.DEFINE_bool("list", False, "Print every registered domain, method and primitive, then exit.")
 
 
@@ -105,6 +107,13 @@ def _override_error(argv: Sequence[str], err: BaseException) -> str:
     return f"a --config.* override names a field the config does not have ({missing!r})"
 
 
+def _plan_devices(values: Sequence[str]) -> tuple[int, ...]:
+    """--plan_devices as positive ints (one line naming the flag otherwise)."""
+    if not all(v.strip().isdigit() and int(v) > 0 for v in values):
+        user_error(f"--plan_devices must be positive device counts, e.g. 8,64; got {','.join(values)!r}")
+    return tuple(int(v) for v in values)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         user_error(f"unexpected arguments {argv[1:]}; flags take the form --name=value")
@@ -121,8 +130,8 @@ def main(argv: list[str]) -> None:
     try:
         launch(_CONFIG.value, _MODE.value, workdir=_WORKDIR.value, expression=_EXPRESSION.value,
                progress=_PROGRESS.value and sys.stderr.isatty(), accelerators=_ACCELERATOR.value,
-               plan_compile=_PLAN_COMPILE.value, compile_cache=_COMPILE_CACHE.value,
-               command=" ".join(["python", SCRIPT, *sys.argv[1:]]))
+               plan_compile=_PLAN_COMPILE.value, plan_devices=_plan_devices(_PLAN_DEVICES.value),
+               compile_cache=_COMPILE_CACHE.value, command=" ".join(["python", SCRIPT, *sys.argv[1:]]))
     except InputError as err:
         user_error(str(err), debug=_DEBUG.value)
 

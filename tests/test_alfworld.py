@@ -182,10 +182,10 @@ def test_data_directory_games_play_from_their_files(tmp_path):
     validate(cfg)
     (root / "valid_unseen").rename(tmp_path / "elsewhere")
     cfg.domain.level = "L1"
-    with pytest.raises(InputError, match=r"^config.domain.data_dir: .* has no valid_unseen/ .*json_2.1.1"):
+    with pytest.raises(InputError, match=r"^config.domain.data_dir=.* has no valid_unseen/ .*json_2.1.1"):
         validate(cfg)
     cfg.domain.data_dir = str(tmp_path / "missing")
-    with pytest.raises(InputError, match=r"^config.domain.data_dir: .*missing' is not a directory; put ALFWorld's json_2.1.1"):
+    with pytest.raises(InputError, match=r"^config.domain.data_dir=.*missing' is not a directory; put ALFWorld's json_2.1.1"):
         validate(cfg)
 
 

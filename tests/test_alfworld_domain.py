@@ -42,12 +42,18 @@ def test_bad_fields_are_named(field, value, message):
         validate(cfg)
 
 
-def test_presets_carry_the_paper_settings():
+def test_presets_carry_the_paper_settings(monkeypatch, tmp_path):
+    from derl_jax.outer.budget import population_inner_steps, population_iterations
+    from test_alfworld_splits import write_tree
+
+    write_tree(tmp_path)
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
     cfg = alf_config.get_config()
     assert (cfg.inner.steps, cfg.final.steps, cfg.outer.num_candidates, cfg.outer.iterations) == (40, 100, 8, 10)
+    assert cfg.final.baseline_steps == 150
     assert cfg.policy.checkpoint.endswith("Qwen2.5-1.5B-Instruct") and cfg.meta.hf_path.endswith("Qwen2.5-0.5B-Instruct")
     pop = alf_config.get_config("derl_pop")
-    assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (10, 10, ("derl_pop",))
+    assert (population_iterations(pop), population_inner_steps(pop), pop.compare.methods) == (10, 10, ("derl_pop",))
     assert len(cfg.domain.kinds) == 6 and set(cfg.domain.held_out_kinds) < set(cfg.domain.kinds)
     from derl_jax.experiment.checks import validate_config
 

@@ -15,6 +15,7 @@ from configs import scienceworld as sw_config
 from derl_jax.config import ConfigError, InputError, validate
 from derl_jax.domains import registry
 from derl_jax.domains.scienceworld import engine
+from derl_jax.domains.scienceworld.splits import sample
 
 from derl_jax.experiment import build
 from derl_jax.experiment.run import run
@@ -55,11 +56,14 @@ def test_level_l2_needs_some_held_out_tasks():
 
 
 def test_presets_carry_the_paper_settings():
+    from derl_jax.outer.budget import population_inner_steps, population_iterations
+
     cfg = sw_config.get_config()
     assert (cfg.inner.steps, cfg.final.steps, cfg.outer.num_candidates) == (80, 100, 8)
     assert cfg.policy.checkpoint.endswith("Qwen2.5-1.5B-Instruct") and cfg.meta.hf_path.endswith("Qwen2.5-0.5B-Instruct")
+    assert cfg.final.baseline_steps == 150
     pop = sw_config.get_config("derl_pop")
-    assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (3, 33, ("derl_pop",))
+    assert (population_iterations(pop), population_inner_steps(pop), pop.compare.methods) == (3, 33, ("derl_pop",))
     assert len(cfg.domain.tasks) == 30 and set(cfg.domain.held_out_tasks) < set(cfg.domain.tasks)
     from derl_jax.experiment.checks import validate_config
 
@@ -140,12 +144,14 @@ def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
                                atol=1e-5)
     assert (0 < curves["response_length"]).all() and (curves["response_length"] <= cfg.domain.action_length).all()
     recorded = json.loads((workdir / "domain.json").read_text())
-    assert recorded["domain"] == "scienceworld" and recorded["test_variations"]["variation"] == [5, 6]
+    assert recorded["domain"] == "scienceworld"
 
     # the warm-start corpus of training row 0 without perturbation is the gold path with correct
     # tags, and its prompts are exactly what the rollout builds from the environment's answers
     domain = built[0]
     env, vocab = domain.env, domain.tokenizer
+    dev = env.workers[0].variations("find-non-living-thing", "dev")   # L0 tests on 2 of ScienceWorld's dev variations
+    assert recorded["test_variations"]["variation"] == sample(dev, 2, 0, 1, 0) and set(recorded["test_variations"]["variation"]) < set(dev)
     pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
     assert len(pairs) == 5 and all(c.split()[0] in ("plan", "explore", "reflect", "act") for _, c in pairs)
     from derl_jax.rl.rollout import turn_prompts

@@ -28,13 +28,22 @@ from derl_jax.outer.registry import is_known_strategy, strategy_names
 from derl_jax.rl import checks as inner_checks  # noqa: F401  (registers `policy`, `inner`, `mesh`)
 
 
-def validate_config(cfg: Any) -> None:
-    """Every block's check (module docstring)."""
-    config.validate(cfg)
+def validate_config(cfg: Any, skip: Sequence[str] = ()) -> None:
+    """Every block's check (module docstring), but those of the blocks in `skip`."""
+    blocks = None if not skip else tuple(b for b in config.BLOCK_ORDER if b not in skip)
+    config.validate(cfg, blocks)
 
 
 def check_final_block(cfg: Any) -> None:
-    int_at_least(cfg, "final.steps", 1)
+    """`final.steps` (every search method's final policy) and `final.baseline_steps` (the fixed
+    baselines'; 0: `final.steps`), which may not be fewer than `final.steps`: the paper's
+    protocol gives DERL no more final training than a baseline (Appendix B)."""
+    steps = int_at_least(cfg, "final.steps", 1)
+    if has_field(cfg, "final.baseline_steps"):
+        baseline = int_at_least(cfg, "final.baseline_steps", 0)
+        if 0 < baseline < steps:
+            raise ConfigError(f"config.final.baseline_steps={baseline} is fewer than config.final.steps={steps}: "
+                              "a search method's final policy may not train longer than a baseline's (0 = the same)")
 
 
 def check_compare_block(cfg: Any) -> None:

@@ -5,15 +5,18 @@
   split seed (`config.outer.split_seed`) is the same for every method and seed.
 * `run_method(method, ...)`: the search on (inner-train, validation) — fixed baselines skip
   it, their expression is given — then *final mode*: the chosen expression trains a fresh
-  policy from the base policy on the FULL training set for `config.final.steps` steps (the
-  same for every method) and that policy's test accuracy is reported. The validation split
-  is never part of the reported number.
+  policy from the base policy on the FULL training set and that policy's test accuracy is
+  reported. A search method's final policy trains `config.final.steps` steps, a fixed
+  baseline's `config.final.baseline_steps` when set (`derl_jax.outer.budget.final_steps`;
+  the agent presets: 150 to DERL's 100, as the paper's §3.2), so DERL never trains its final
+  policy longer than a baseline. The validation split is never part of the reported number.
 * `compare(...)`: methods x seeds -> `results.md`, `results.json` and plots
   (`derl_jax.experiment.report`).
 
-DERL-pop. Its candidates train `outer.population_inner_steps` inner steps each
-(`derl_jax.outer.budget`: by default `final.steps // outer.iterations`, so the policy it evolves
-trains as many steps in total as every method's final policy). Its product is that evolved
+DERL-pop. It runs `outer.population_iterations` iterations (0: `outer.iterations`) whose
+candidates train `outer.population_inner_steps` inner steps each (`derl_jax.outer.budget`: by
+default `final.steps // population iterations`, so the policy it evolves trains as many steps
+in total as a search method's final policy). Its product is that evolved
 policy — the best policy of its last iteration, trained through the curriculum of rewards —
 so its headline test accuracy is the evolved policy's (`MethodResult.headline == "evolved"`);
 the policy retrained from scratch with its best expression is reported beside it
@@ -70,12 +73,12 @@ from derl_jax.domains.base import TokenDataset, TokenDomain
 from derl_jax.rl.evaluator import CandidateEvaluator
 from derl_jax.expr.canonical import canonical, to_latex
 from derl_jax.expr.candidate import examine
-from derl_jax.expr.grammar import Grammar, make_grammar
+from derl_jax.expr.grammar import MAX_FRACTION_DIGITS, Grammar, make_grammar
 from derl_jax.expr.parse import ExpressionError, parse
 from derl_jax.expr.program import stack_programs
 from derl_jax.logging import RunLogger
 from derl_jax.outer import candidate_policies
-from derl_jax.outer.budget import inner_step_totals, population_inner_steps
+from derl_jax.outer.budget import final_steps, inner_step_totals, population_inner_steps, population_iterations
 from derl_jax.outer.candidates import select
 from derl_jax.experiment.report import RESULTS_JSON, RESULTS_MD, write_report
 from derl_jax.logging import HISTORY_FILE, read_jsonl
@@ -119,8 +122,10 @@ def run_keys(seed: int) -> dict[str, jax.Array]:
 
 
 def meta_grammar(cfg: Any, num_primitives: int) -> Grammar:
-    """The Meta-Optimizer's grammar: `config.meta.max_symbols` symbols, `config.meta.max_depth` nesting."""
-    return make_grammar(num_primitives, int(cfg.meta.max_symbols), int(cfg.meta.max_depth))
+    """The Meta-Optimizer's grammar: `config.meta.max_symbols` symbols, `config.meta.max_depth` nesting,
+    `config.meta.max_decimals` digits after a decimal point (3 when the block has no such field)."""
+    decimals = int(config_value(cfg, "meta.max_decimals")) if has_field(cfg, "meta.max_decimals") else MAX_FRACTION_DIGITS
+    return make_grammar(num_primitives, int(cfg.meta.max_symbols), int(cfg.meta.max_depth), decimals)
 
 
 # --------------------------------------------------------------------------- final mode
@@ -177,11 +182,13 @@ def compile_checked(expression: str, primitive_names: Sequence[str], outcome_ind
 
 def train_final(
     expression: str, domain: TokenDomain, evaluator: CandidateEvaluator, key: jax.Array, base_params: Any,
-    keep_dir: str | None = None,
+    keep_dir: str | None = None, steps: int | None = None,
 ) -> FinalResult:
     """Final mode: train a fresh policy from `base_params` with `expression` on the full training
     split, report its accuracy on the test split. keep_dir: keep the trained policy there (module
-    docstring); a policy kept there for the same expression is tested instead of trained again."""
+    docstring); a policy kept there for the same expression is tested instead of trained again.
+    steps: inner steps when they differ from the evaluator's `final.steps` (a baseline's
+    `final.baseline_steps`); None: `final.steps`."""
     tree, program = compile_checked(expression, domain.primitive_names, domain.outcome_index)
     saved = _kept(keep_dir, FINAL_POLICY_INFO, expression)
     if saved is not None and os.path.exists(os.path.join(keep_dir, FINAL_POLICY_FILE)):
@@ -190,7 +197,8 @@ def train_final(
                                         stacked, base_params)
         host_curves = saved["curves"]
     else:
-        params, curves = evaluator.train_final(program, base_params, key, domain.train)
+        extra = {} if steps is None else {"steps": int(steps)}
+        params, curves = evaluator.train_final(program, base_params, key, domain.train, **extra)
         host_curves = {str(k): np.asarray(v, np.float64).reshape(-1).tolist() for k, v in dict(curves).items()}
         if keep_dir is not None:
             stacked = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], params)
@@ -274,8 +282,9 @@ def search_method(
 ) -> SearchResult:
     """The outer-loop search of `method` on (inner-train, validation) of `domain`, in `workdir`.
 
-    Population strategies train `budget.population_inner_steps(cfg)` inner steps per
-    candidate; with `compare.candidate_test` the candidate policies are kept for testing.
+    Population strategies run `budget.population_iterations(cfg)` iterations of
+    `budget.population_inner_steps(cfg)` inner steps per candidate; with
+    `compare.candidate_test` the candidate policies are kept for testing.
     console: `progress` and `echo` of `search`.
     """
     names = domain.primitive_names
@@ -288,6 +297,7 @@ def search_method(
         strategy, evaluator, inner_train, validation, names, cfg, workdir, run_keys(seed)["search"],
         init_params=base_params, outcome_index=domain.outcome_index, **console,
         inner_steps=population_inner_steps(cfg) if strategy.population else None,
+        iterations=population_iterations(cfg) if strategy.population else None,
         keep_candidate_policies=_flag(cfg, "compare.candidate_test"),
     )
 
@@ -347,7 +357,8 @@ def run_method(
         retrained_tests, retrained_items = test_accuracies(domain, evaluator, base_params)
         result_canonical, retrained, curves = None, headline_accuracy(retrained_tests), {}
     else:
-        final = train_final(expression, domain, evaluator, keys["final"], base_params, keep_dir)
+        final = train_final(expression, domain, evaluator, keys["final"], base_params, keep_dir,
+                            steps=_final_steps_if_other(cfg, cls.searches))
         result_canonical, retrained, curves = final.canonical, final.test, final.curves
         retrained_tests, retrained_items = final.test_sets, final.test_items
     evolved_test = headline_accuracy(evolved_tests) if evolved_tests is not None else None
@@ -378,6 +389,12 @@ def run_method(
     )
     atomic_write_json(saved, result.to_json())
     return result
+
+
+def _final_steps_if_other(cfg: Any, searches: bool) -> int | None:
+    """The final policy's inner steps (`budget.final_steps`) when they are not `final.steps`, else None."""
+    steps = final_steps(cfg, searches)
+    return None if steps == int(cfg.final.steps) else steps
 
 
 def _iteration_tests(best_texts, domain, evaluator, key, base_params) -> list[float | None]:

@@ -116,25 +116,47 @@ def check_inputs(cfg: Any, workdir: str, mode: str, expression: str | None = Non
 # --------------------------------------------------------------------------- running
 
 
-def plan_run(cfg: Any, accelerators: Sequence[str] = DEFAULT_ACCELERATORS, compile: bool = False) -> dict:
-    """--mode=plan: per-device memory, FLOPs and roofline step time of the configured run, and
-    whether it fits (derl_jax/plan); no model is built, no run directory written."""
-    validate_config(cfg)
-    from derl_jax.plan.report import plan_from_config
-
-    needs_domain = not (str(getattr(cfg.policy, "checkpoint", "") or "").strip()
-                        and has_field(cfg, "domain.max_prompt_tokens"))
+def plan_checks(cfg: Any) -> str:
+    """The config's checks for --mode=plan, which needs neither the data nor the engines: a bad
+    value raises ConfigError as in every mode; the domain's missing files or engines (an
+    InputError that is not a ConfigError) are returned as a note instead ("" when none)."""
     try:
-        result = plan_from_config(cfg, accelerators, compile, domain=build.build_domain(cfg) if needs_domain else None)
+        validate_config(cfg)
+    except ConfigError:
+        raise
+    except InputError as err:
+        validate_config(cfg, skip=("domain",))
+        return str(err)
+    return ""
+
+
+def plan_run(cfg: Any, accelerators: Sequence[str] = DEFAULT_ACCELERATORS, compile: bool = False,
+             devices: Sequence[int] = ()) -> dict:
+    """--mode=plan: per-device memory, FLOPs and roofline step time of the configured run (or,
+    with `devices`, of each device count's first layout that fits), the settings it is for,
+    and whether it fits (derl_jax/plan); no model is built, no run directory written. A
+    domain is built only when neither the checkpoint nor the config gives the shapes."""
+    note = plan_checks(cfg)
+    from derl_jax.plan.report import plan_from_config, turn_shape
+
+    given = has_field(cfg, "domain.max_prompt_tokens") or turn_shape(cfg) is not None
+    needs_domain = not (str(getattr(cfg.policy, "checkpoint", "") or "").strip() and given)
+    if needs_domain and note:
+        raise InputError(note)
+    try:
+        result = plan_from_config(cfg, accelerators, compile, domain=build.build_domain(cfg) if needs_domain else None,
+                                  devices=devices)
     except (ValueError, OSError) as err:  # an unknown accelerator, a checkpoint without config.json
         raise InputError(str(err)) from err
+    if note:
+        print(f"(not needed for the plan, but a run needs it: {note})")
     print(result["table"])
     return result
 
 
 def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, progress: bool = True,
         accelerators: Sequence[str] = DEFAULT_ACCELERATORS, plan_compile: bool = False,
-        optimizer_factory: OptimizerFactory | None = None) -> Any:
+        plan_devices: Sequence[int] = (), optimizer_factory: OptimizerFactory | None = None) -> Any:
     """Check the inputs, lock `workdir`, build the domain and the inner loop, run `mode`; returns its result.
 
     optimizer_factory: `(cfg, grammar, mesh) -> MetaOptimizer` replacing the methods' own
@@ -143,7 +165,7 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
     import jax  # noqa: F401  (before the checks: which process this is decides who writes and locks)
 
     if mode == "plan":
-        return plan_run(cfg, accelerators, plan_compile)
+        return plan_run(cfg, accelerators, plan_compile, plan_devices)
     checked = check_inputs(cfg, workdir, mode, expression)
     levels = checked_levels(cfg) if mode == "compare" else ()
     lock = run_dir.exclusive(workdir) if primary_process() else contextlib.nullcontext()  # one lock per run
@@ -171,7 +193,8 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
 
 def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str | None = None,
            progress: bool = True, accelerators: Sequence[str] = DEFAULT_ACCELERATORS, plan_compile: bool = False,
-           compile_cache: str | None = None, environ: Mapping[str, str] | None = None, command: str = "") -> Any:
+           plan_devices: Sequence[int] = (), compile_cache: str | None = None,
+           environ: Mapping[str, str] | None = None, command: str = "") -> Any:
     """`run` in a fresh process, as the command line starts it: one XLA host device per core where
     the run can use them, several processes joined when the environment asks for it, the
     persistent compilation cache (`--compile_cache`, `runtime.compile_cache_dir`), then `run`;
@@ -188,7 +211,8 @@ def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str |
 
         use_compile_cache(compile_cache_dir(compile_cache, workdir, environ, jax.process_count()))
     started, info = time.monotonic(), run_info(command, mode)
-    result = run(cfg, workdir, mode, expression, progress=progress, accelerators=accelerators, plan_compile=plan_compile)
+    result = run(cfg, workdir, mode, expression, progress=progress, accelerators=accelerators,
+                 plan_compile=plan_compile, plan_devices=plan_devices)
     if mode != "plan" and primary_process():
         record_run(workdir, info, started)
     return result

@@ -1,12 +1,17 @@
-"""Inner-step budgets of the methods: DERL-pop's shorter inner runs and the totals reported.
+"""Inner-step budgets of the methods: DERL-pop's schedule and the totals reported.
 
-The paper keeps DERL-pop's total inner training equal to DERL's: the evolved policy is trained
-`iterations x population_inner_steps` steps along its lineage (ALFWorld 10 x 10, ScienceWorld
-3 x 33, math 7 x 2 epochs), matching the steps of the policy DERL reports (100 steps; 15 epochs
-for math), while DERL trains every candidate for its full inner run. Here
-`config.outer.population_inner_steps` sets DERL-pop's inner steps per candidate; 0 (the
-default) means `max(1, final.steps // outer.iterations)`, so its evolved policy trains as many
-steps as the final policy of every other method.
+The paper keeps DERL-pop's total inner training equal to the final policies': the evolved policy
+is trained `iterations x inner steps` along its lineage (ALFWorld 10 x 10, ScienceWorld 3 x 33,
+math 7 x 2 epochs), the steps of the policy DERL reports (100 steps; 15 epochs for math), while
+DERL trains every candidate for its full inner run. Here the schedule follows from the final
+budget: `config.outer.population_iterations` (0: `outer.iterations`) sets DERL-pop's iterations,
+and `config.outer.population_inner_steps` its inner steps per candidate, where 0 (the default)
+means `max(1, final.steps // population iterations)`, so its evolved policy trains as many steps
+as the final policy of a search method (3 x 33 = 99 of 100: the division rounds down).
+
+`final_steps(cfg, searches)`: the final policy of a search method trains `final.steps`; that of
+a fixed-expression baseline `final.baseline_steps` when set (the paper gives its agent baselines
+150 steps to DERL's 100; Appendix B: DERL gets no more final steps than a baseline).
 """
 
 from __future__ import annotations
@@ -16,12 +21,28 @@ from typing import Any, Mapping
 from derl_jax.config import config_value, has_field
 
 
+def _configured(cfg: Any, path: str) -> int:
+    return int(config_value(cfg, path)) if has_field(cfg, path) else 0
+
+
+def population_iterations(cfg: Any) -> int:
+    """Outer iterations of a population strategy (module docstring)."""
+    return _configured(cfg, "outer.population_iterations") or int(config_value(cfg, "outer.iterations"))
+
+
 def population_inner_steps(cfg: Any) -> int:
     """Inner steps per candidate of a population strategy (module docstring)."""
-    configured = int(config_value(cfg, "outer.population_inner_steps")) if has_field(cfg, "outer.population_inner_steps") else 0
+    configured = _configured(cfg, "outer.population_inner_steps")
     if configured > 0:
         return configured
-    return max(1, int(config_value(cfg, "final.steps")) // int(config_value(cfg, "outer.iterations")))
+    return max(1, int(config_value(cfg, "final.steps")) // population_iterations(cfg))
+
+
+def final_steps(cfg: Any, searches: bool) -> int:
+    """Inner steps of a method's final policy: `final.steps` for a search method, else
+    `final.baseline_steps` (0 or absent: `final.steps`)."""
+    steps = int(config_value(cfg, "final.steps"))
+    return steps if searches else (_configured(cfg, "final.baseline_steps") or steps)
 
 
 def candidate_inner_steps(cfg: Any, population: bool) -> int:
@@ -30,7 +51,7 @@ def candidate_inner_steps(cfg: Any, population: bool) -> int:
 
 
 def inner_step_totals(cfg: Any, budget: Mapping[str, int], *, population: bool) -> dict[str, int]:
-    """The inner steps a method spent and the steps behind its reported policy.
+    """The inner steps a search method spent and the steps behind its reported policy.
 
     inner_steps_per_candidate: what each candidate trained.
     search_inner_steps: candidate trainings run x inner_steps_per_candidate.
@@ -40,11 +61,11 @@ def inner_step_totals(cfg: Any, budget: Mapping[str, int], *, population: bool) 
     retrained_policy_inner_steps: `final.steps`, the policy retrained with the chosen expression.
     """
     per_candidate = candidate_inner_steps(cfg, population)
-    final_steps = int(config_value(cfg, "final.steps"))
+    retrained = final_steps(cfg, searches=True)
     lineage = int(budget.get("start_policy_updates", 0)) * per_candidate
     return {
         "inner_steps_per_candidate": per_candidate,
         "search_inner_steps": int(budget.get("candidates_trained", 0)) * per_candidate,
-        "reported_policy_inner_steps": lineage if population else final_steps,
-        "retrained_policy_inner_steps": final_steps,
+        "reported_policy_inner_steps": lineage if population else retrained,
+        "retrained_policy_inner_steps": retrained,
     }

@@ -15,15 +15,17 @@ from derl_jax.outer.registry import get_strategy, is_known_strategy, strategy_na
 
 
 def check_outer_block(cfg: Any) -> None:
-    """`config.outer`: a known strategy, iterations, candidates per iteration, the split seed."""
+    """`config.outer`: a known strategy, iterations, candidates per iteration, the split seed,
+    population strategies' iterations and inner steps (0: derived, `derl_jax.outer.budget`)."""
     strategy = config_value(cfg, "outer.strategy")
     if not is_known_strategy(strategy):
         raise ConfigError(f"config.outer.strategy must be one of {strategy_names()}, got {strategy!r}")
     int_at_least(cfg, "outer.iterations", 1)
     int_at_least(cfg, "outer.num_candidates", 2)
     int_at_least(cfg, "outer.split_seed", 0)
-    if has_field(cfg, "outer.population_inner_steps"):
-        int_at_least(cfg, "outer.population_inner_steps", 0)
+    for field in ("population_iterations", "population_inner_steps"):
+        if has_field(cfg, f"outer.{field}"):
+            int_at_least(cfg, f"outer.{field}", 0)
 
 
 def methods_of(cfg: Any) -> tuple[str, ...]:

@@ -195,6 +195,7 @@ def search(
     init_params: Any,
     outcome_index: int = 0,
     inner_steps: int | None = None,
+    iterations: int | None = None,
     keep_candidate_policies: bool = False,
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
@@ -208,10 +209,15 @@ def search(
         in the first iteration).
     inner_steps: inner steps per candidate, handed to `evaluate_candidates(..., steps=)`
         (None: the evaluator's own setting).
+    iterations: outer iterations (None: `outer.iterations`; population strategies run their own,
+        `derl_jax.outer.budget.population_iterations`).
     echo: receives each per-iteration summary line (default: printed to stdout above the
         progress bar, prefixed with the strategy name).
     """
-    iterations, n = outer_sizes(cfg)
+    configured, n = outer_sizes(cfg)
+    iterations = configured if iterations is None else int(iterations)
+    if iterations < 1:
+        raise ValueError(f"search: iterations must be >= 1, got {iterations}")
     if inner_steps is not None and not _accepts_steps(evaluator):
         raise TypeError(
             f"search: {type(evaluator).__name__}.evaluate_candidates takes no `steps` keyword, which strategy "
@@ -242,7 +248,7 @@ def search(
         run = restore_run(store, strategy, initial, setup.key, setup.record(), workdir)
         if run.completed > iterations:
             raise ValueError(
-                f"search: {workdir} already holds {run.completed} iterations, more than config.outer.iterations={iterations}"
+                f"search: {workdir} already holds {run.completed} iterations, more than the {iterations} configured"
             )
         if jax.process_index() == 0:
             repair_logs(workdir, run.completed, run.history_records, METRICS_SCOPE)

@@ -35,7 +35,7 @@ class DeviceEvaluator:
 
     evaluate_candidates(programs Program[K], init_params, key, train_set, val_set)
         -> CandidateResults(scores np.f32[K], curves name -> np.f32[K, S], params [K, ...])
-    train_final(program, init_params, key, train_set) -> (params, curves name -> np.f32[S_final])
+    train_final(program, init_params, key, train_set, *, steps=None) -> (params, curves name -> np.f32[S_final])
     accuracy(params, dataset) -> float
 
     Candidate k trains with `candidate_keys(key, K)[k]`: `key` itself under
@@ -215,13 +215,16 @@ class DeviceEvaluator:
         accuracy = self._jit("accuracy", self.search_loop, self.search_loop.accuracy, params, lambda p: PartitionSpec())
         return accuracy(self._place(params, self._policy_specs(params)), self._place_replicated(dataset))
 
-    def train_final(self, program: Program, init_params: Any, key, train_set: TokenDataset) -> tuple[Any, dict]:
-        """A fresh policy trained with one program for the final-mode steps -> (params, curves [S]).
+    def train_final(self, program: Program, init_params: Any, key, train_set: TokenDataset, *,
+                    steps: int | None = None) -> tuple[Any, dict]:
+        """A fresh policy trained with one program for `steps` (None: the final-mode steps,
+        cfg.final_steps) -> (params, curves [S]).
 
         Runs the unbatched `train` with `key` itself, so it equals candidate k of
         `evaluate_candidates` when given `candidate_keys(key, K)[k]` (and equal steps).
         """
-        params, metrics = self._train_one(self.final_loop, program, init_params, key, train_set)
+        loop = self.final_loop if steps is None else self.loop_for(steps)
+        params, metrics = self._train_one(loop, program, init_params, key, train_set)
         return params, {name: np.asarray(values) for name, values in metrics.items()}
 
     def with_dispatch(self, dispatch: str) -> "DeviceEvaluator":

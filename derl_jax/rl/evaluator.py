@@ -41,8 +41,11 @@ class CandidateEvaluator(Protocol):
         train shorter runs); score each on `val_set`. Returns an object with `scores`, `curves`
         (f32[K, steps]) and `params`."""
 
-    def train_final(self, program: Program, init_params: Any, key: jax.Array, train_set: TokenDataset) -> tuple[Any, Mapping[str, Any]]:
-        """Train a fresh policy with one program (the final-mode budget) -> (params, curves name -> f32[steps])."""
+    def train_final(self, program: Program, init_params: Any, key: jax.Array, train_set: TokenDataset, *,
+                    steps: int | None = None) -> tuple[Any, Mapping[str, Any]]:
+        """Train a fresh policy with one program for `steps` inner steps (None: the final-mode
+        budget, `final.steps`; a fixed baseline may be given `final.baseline_steps`) -> (params,
+        curves name -> f32[steps])."""
 
     def accuracy(self, params: Any, dataset: TokenDataset) -> float:
         """Greedy pass@1 of one policy on `dataset`."""

@@ -386,16 +386,18 @@ class HostEvaluator:
         params = jax.tree.map(lambda *leaves: np.stack(leaves), *kept) if kept else None
         return CandidateResults(scores=np.asarray(scores, np.float32), curves=stacked, params=params)
 
-    def train_final(self, program: Program, init_params: Any, key: jax.Array,
-                    train_set: TokenDataset) -> tuple[Any, dict[str, np.ndarray]]:
-        """A fresh policy trained with one program for `final_steps` -> (params on the mesh, curves name -> f32[steps])."""
+    def train_final(self, program: Program, init_params: Any, key: jax.Array, train_set: TokenDataset, *,
+                    steps: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """A fresh policy trained with one program for `steps` (None: `final_steps`) -> (params on the
+        mesh, curves name -> f32[steps])."""
+        steps = self.config.final_steps if steps is None else int(steps)
         started = time.perf_counter()
         program = Program(ops=np.asarray(program.ops), args=np.asarray(program.args), size=np.asarray(program.size))
         if program.ops.ndim != 1:
             raise ValueError(f"train_final: expected one program, got ops of shape {program.ops.shape}")
         train = HostSplit(train_set, self.domain)
-        budget = _Budget(0.0, None, self.config.final_steps, self.config.rollouts_per_step)  # never cut short
-        (run,) = self._train_wave([0], [program], init_params, key, train, self.config.final_steps, budget,
+        budget = _Budget(0.0, None, steps, self.config.rollouts_per_step)  # never cut short
+        (run,) = self._train_wave([0], [program], init_params, key, train, steps, budget,
                                   time_limit_s=0.0)
         params = run.params
         self._finish_report("final", [run], budget, 0.0, started)

@@ -51,7 +51,7 @@ num_kv_heads, head_dim (scratch model); hf_path, hf_tokenizer, hf_param_dtype,
 task_description, primitive_descriptions (hf); temperature; cold_start_corpus,
 cold_start_steps, cold_start_lr, cold_start_batch_size, cold_start_seed; lr, kl, kl_kind,
 epochs, clip_eps, max_grad_norm, loss_agg (GRPO); and, checked against the grammar,
-max_symbols, max_depth, num_primitives.
+max_symbols, max_depth, max_decimals, num_primitives.
 
 Shapes: n samples, T completion tokens (`max_new_tokens`), Tp prompt tokens, M tokens the
 symbols use, D hidden size.

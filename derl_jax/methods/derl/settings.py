@@ -11,10 +11,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from derl_jax.config import ConfigError, choice, config_value, field_error, int_at_least, model_sizes, number
-from derl_jax.expr.grammar import Grammar
+from derl_jax.config import ConfigError, choice, config_value, field_error, has_field, int_at_least, model_sizes, number
+from derl_jax.domains.registry import get_domain
+from derl_jax.expr.grammar import MAX_DECIMALS, Grammar
 from derl_jax.expr.parse import MAX_NESTING
 from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS, GRPOConfig
+from primitives.registry import configured
 
 BACKBONES = ("scratch", "hf")
 PARAM_DTYPES = ("float32", "bfloat16")
@@ -56,6 +58,7 @@ class MetaConfig:
     # checked against the grammar by `check_grammar` (None = not checked)
     max_symbols: int | None = None
     max_depth: int | None = None
+    max_decimals: int | None = None
     num_primitives: int | None = None
 
     def __post_init__(self):
@@ -107,9 +110,9 @@ class MetaConfig:
         return cls(**fields)
 
     def check_grammar(self, grammar: Grammar) -> None:
-        """ValueError when max_symbols / max_depth / num_primitives (if set) disagree with `grammar`."""
+        """ValueError when max_symbols / max_depth / max_decimals / num_primitives (if set) disagree with `grammar`."""
         for field, actual in (("max_symbols", grammar.max_length), ("max_depth", grammar.max_depth),
-                              ("num_primitives", grammar.num_primitives)):
+                              ("max_decimals", grammar.max_decimals), ("num_primitives", grammar.num_primitives)):
             value = getattr(self, field)
             if value is not None and int(value) != actual:
                 raise ValueError(f"MetaConfig.{field}={value!r} but the grammar has {field}={actual}")
@@ -143,9 +146,26 @@ def check_meta_block(cfg: Any) -> None:
     depth = int_at_least(cfg, "meta.max_depth", 1)
     if depth > MAX_NESTING:
         raise ConfigError(f"config.meta.max_depth must be <= {MAX_NESTING}, got {depth}")
+    if has_field(cfg, "meta.max_decimals"):
+        decimals = int_at_least(cfg, "meta.max_decimals", 1)
+        if decimals > MAX_DECIMALS:
+            raise ConfigError(f"config.meta.max_decimals must be <= {MAX_DECIMALS}, got {decimals}")
+    _check_descriptions(cfg)
     int_at_least(cfg, "meta.cold_start_corpus", 1)
     int_at_least(cfg, "meta.cold_start_steps", 0)
     number(cfg, "meta.cold_start_lr", minimum=0.0, strict=True)
     number(cfg, "meta.lr", minimum=0.0, strict=True)
     number(cfg, "meta.kl", minimum=0.0, strict=False)
     int_at_least(cfg, "meta.epochs", 1)
+
+
+def _check_descriptions(cfg: Any) -> None:
+    """`meta.primitive_descriptions`: empty, or one non-empty line per primitive of the run (the
+    domain's, then `primitives.extra`)."""
+    descriptions = tuple(config_value(cfg, "meta.primitive_descriptions") or ())
+    if not descriptions:
+        return
+    names = tuple(get_domain(config_value(cfg, "domain.kind")).primitive_names(cfg)) + configured(cfg, "extra")
+    if len(descriptions) != len(names) or not all(isinstance(d, str) and d.strip() for d in descriptions):
+        raise ConfigError(f"config.meta.primitive_descriptions must hold one non-empty line per primitive "
+                          f"{names}, got {len(descriptions)} lines")
