@@ -62,6 +62,7 @@ def plot_outer_curves(
     xlabel: str = "outer iteration",
     ylabel: str = "accuracy",
     columns: int | None = None,
+    x: Sequence[float] | None = None,
 ) -> str:
     """Mean over seeds per outer iteration with its 95% interval band, one line per series, every
     panel on the same y-axis; saves a PNG.
@@ -69,6 +70,7 @@ def plot_outer_curves(
     curves: series name -> f[S, I] (e.g. {"validation": v, "test": t}), or panel name ->
     such a mapping for one panel per benchmark/method (the paper's Figure 3 layout).
     columns: panels per row (default: all in one row); panels fill rows left to right.
+    x: the positions of the I points (default 1..I).
     """
     panels = _as_panels(curves)
     columns = len(panels) if columns is None else max(1, min(int(columns), len(panels)))
@@ -83,7 +85,9 @@ def plot_outer_curves(
                 mean, low, high = curve_interval(values)
             except ValueError as err:
                 raise ValueError(f"plot_outer_curves: series {panel}/{name}: {err}") from err
-            steps = np.arange(1, mean.size + 1)
+            steps = np.arange(1, mean.size + 1) if x is None else np.asarray(x, np.float64)
+            if steps.shape != mean.shape:
+                raise ValueError(f"plot_outer_curves: {steps.size} x positions for {mean.size} points")
             (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=name)
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(xlabel)
