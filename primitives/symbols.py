@@ -34,6 +34,7 @@ import numpy as np
 
 from derl_jax.models.tokenizers import CharTokenizer
 from primitives.registry import register_primitive
+from primitives.spans import output_span
 
 __all__ = ["SYMBOLS_PRIMITIVES", "exact", "position", "bag", "length", "marker"]
 
@@ -53,21 +54,6 @@ _TOKENIZER = symbols_tokenizer()
 EOS_ID = _TOKENIZER.eos_id
 LETTER_IDS = np.array([_TOKENIZER.id_of(c) for c in LETTERS], np.int32)  # NumPy: no device work at import
 MARKER_ID = _TOKENIZER.id_of(MARKER)
-
-
-def output_span(rollout: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """(tokens i32[N, T], in_output bool[N, T], output_len i32[N], ended bool[N]).
-
-    in_output marks the masked prefix before the first EOS; ended says an EOS was generated.
-    """
-    tokens = jnp.asarray(rollout["tokens"], jnp.int32)
-    mask = jnp.asarray(rollout["mask"], bool)
-    positions = jnp.arange(tokens.shape[-1])
-    masked_len = jnp.sum(mask, axis=-1)
-    eos_here = (tokens == EOS_ID) & (positions < masked_len[:, None])
-    first_eos = jnp.min(jnp.where(eos_here, positions, tokens.shape[-1]), axis=-1)
-    output_len = jnp.minimum(first_eos, masked_len)
-    return tokens, positions < output_len[:, None], output_len, first_eos < masked_len
 
 
 def _gold(context: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
@@ -97,7 +83,7 @@ def _longer(output_len: jax.Array, answer_len: jax.Array) -> jax.Array:
 @register_primitive("exact", kind="device", domain="symbols", aliases=("outcome",))
 def exact(rollout, context):
     """1 when the output is the gold string and then EOS, else 0."""
-    tokens, _, output_len, ended = output_span(rollout)
+    tokens, _, output_len, ended = output_span(rollout, EOS_ID)
     answer, answer_len = _gold(context)
     hits = _aligned_hits(tokens, output_len, answer, answer_len)
     return (ended & (output_len == answer_len) & (hits == answer_len)).astype(jnp.float32)
@@ -106,7 +92,7 @@ def exact(rollout, context):
 @register_primitive("position", kind="device", domain="symbols", aliases=("dense",))
 def position(rollout, context):
     """Aligned matches / max(output length, gold length), in [0, 1]."""
-    tokens, _, output_len, _ = output_span(rollout)
+    tokens, _, output_len, _ = output_span(rollout, EOS_ID)
     answer, answer_len = _gold(context)
     hits = _aligned_hits(tokens, output_len, answer, answer_len)
     return hits.astype(jnp.float32) / _longer(output_len, answer_len)
@@ -115,7 +101,7 @@ def position(rollout, context):
 @register_primitive("bag", kind="device", domain="symbols")
 def bag(rollout, context):
     """Multiset overlap of the output's and the gold string's letters / max(output, gold length)."""
-    tokens, in_output, output_len, _ = output_span(rollout)
+    tokens, in_output, output_len, _ = output_span(rollout, EOS_ID)
     answer, answer_len = _gold(context)
     gold_valid = jnp.arange(answer.shape[-1])[None, :] < answer_len[:, None]
     overlap = jnp.sum(jnp.minimum(_letter_counts(tokens, in_output), _letter_counts(answer, gold_valid)), axis=-1)
@@ -125,7 +111,7 @@ def bag(rollout, context):
 @register_primitive("length", kind="device", domain="symbols")
 def length(rollout, context):
     """1 when the output has the gold string's length and then EOS, else 0."""
-    _, _, output_len, ended = output_span(rollout)
+    _, _, output_len, ended = output_span(rollout, EOS_ID)
     _, answer_len = _gold(context)
     return (ended & (output_len == answer_len)).astype(jnp.float32)
 
@@ -134,5 +120,5 @@ def length(rollout, context):
 def marker(rollout, context):
     """1 when the output contains the decoy symbol `#` anywhere, else 0."""
     del context
-    tokens, in_output, _, _ = output_span(rollout)
+    tokens, in_output, _, _ = output_span(rollout, EOS_ID)
     return jnp.any(in_output & (tokens == MARKER_ID), axis=-1).astype(jnp.float32)

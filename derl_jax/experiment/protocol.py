@@ -238,7 +238,6 @@ def fixed_validation_score(
     return score
 
 
-
 def run_final(
     expression: str,
     domain: TokenDomain,
