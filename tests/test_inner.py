@@ -108,6 +108,14 @@ def test_results_have_one_row_per_candidate_and_step(base, evaluator, results):
     np.testing.assert_allclose(curves["kl"][2], 0.0, atol=1e-6)  # the NaN program never moves the policy
 
 
+def test_item_scores_are_each_examples_greedy_success_and_average_to_the_accuracy(base, evaluator):
+    items = evaluator.item_scores(base.params, base.validation)
+    assert items.shape == (base.validation.size,) and set(np.unique(items)) <= {0.0, 1.0}
+    assert evaluator.accuracy(base.params, base.validation) == pytest.approx(float(items.mean()), abs=1e-7)
+    first = base.validation.take(np.arange(3))   # the same policy on the first rows alone
+    np.testing.assert_array_equal(evaluator.item_scores(base.params, first), items[:3])
+
+
 def test_nan_program_gives_zero_rewards_counted_and_no_update(base, results):
     curves = results.curves
     np.testing.assert_array_equal(curves["nonfinite"][2], ROLLOUTS)

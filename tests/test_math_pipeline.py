@@ -220,8 +220,9 @@ def test_greedy_evaluation_matches_pytorch_generate(run, assets):
     for dataset in (domain.test, domain.train):
         expected = torch_greedy_texts(assets["torch_model"], domain, dataset, cfg.domain.max_new_tokens)
         assert evaluator.greedy_texts(base_params, dataset) == expected
-        accuracy = float(np.mean(correct(expected, domain.contexts(dataset))))
-        assert evaluator.accuracy(base_params, dataset) == pytest.approx(accuracy)
+        per_item = np.asarray(correct(expected, domain.contexts(dataset)), np.float32)
+        assert evaluator.accuracy(base_params, dataset) == pytest.approx(float(np.mean(per_item)))
+        np.testing.assert_array_equal(evaluator.item_scores(base_params, dataset), per_item)
 
 
 @pytest.mark.slow

@@ -243,6 +243,15 @@ class DeviceEvaluator:
             sizes[name] = sizes.get(name, 0) + fn._cache_size()
         return sizes
 
+    def item_scores(self, params: Any, dataset: TokenDataset) -> np.ndarray:
+        """f32[N]: each example's greedy success under one policy (their mean is `accuracy`)."""
+        if params_candidate_axis(self.graphdef, params) is not None:
+            raise ValueError("item_scores: params must be one policy")
+        scores = self._jit("item_scores", self.search_loop, self.search_loop.item_scores, params,
+                           lambda p: PartitionSpec())
+        placed = self._place(params, self._policy_specs(params))
+        return np.asarray(gather_to_host(scores(placed, self._place_replicated(dataset))), np.float32)
+
     def accuracy(self, params: Any, dataset: TokenDataset) -> float:
         """Greedy pass@1 of one policy on `dataset`."""
         if params_candidate_axis(self.graphdef, params) is not None:

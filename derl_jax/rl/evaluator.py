@@ -49,3 +49,8 @@ class CandidateEvaluator(Protocol):
 
     def accuracy(self, params: Any, dataset: TokenDataset) -> float:
         """Greedy pass@1 of one policy on `dataset`."""
+
+    def item_scores(self, params: Any, dataset: TokenDataset) -> Any:
+        """f32[N]: each example's greedy success under one policy (their mean is `accuracy`); the
+        per-item scores that paired comparisons between methods use. Optional: an evaluator
+        without it is tested by `accuracy` alone."""

@@ -409,6 +409,12 @@ class HostEvaluator:
         (score,), _ = self._greedy_accuracies([(fns, fns.place(params))], HostSplit(dataset, self.domain))
         return float(score)
 
+    def item_scores(self, params: Any, dataset: TokenDataset) -> np.ndarray:
+        """f32[N]: the `correct` primitive of each greedy completion (their mean is `accuracy`)."""
+        fns = self.slices[0]
+        (scores,), _ = self._greedy_pass([(fns, fns.place(params))], HostSplit(dataset, self.domain), check=True)
+        return np.asarray(scores, np.float32)
+
     def greedy_texts(self, params: Any, dataset: TokenDataset) -> list[str]:
         """The decoded greedy completion of every row of `dataset` (what `accuracy` scores)."""
         fns = self.slices[0]
