@@ -184,7 +184,8 @@ def test_two_real_runs_on_one_workdir(tmp_path):
     import time
 
     workdir = tmp_path / "shared"
-    args = [sys.executable, SCRIPT, "--noprogress", SMOKE, "--mode=final", "--expression=g1", f"--workdir={workdir}"]
+    args = [sys.executable, SCRIPT, "--noprogress", SMOKE, "--mode=final", "--expression=g1", f"--workdir={workdir}",
+            "--config.final.steps=100000"]  # long enough to still hold the lock when the second run starts
     first = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lock = workdir / "run.lock"

@@ -26,6 +26,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 from derl_jax.logging import read_jsonl
 from derl_jax.outer.search import SEARCH_RESULT_FILE, strip_wall_clock
 
@@ -41,8 +43,6 @@ TIMEOUT_S = 600
 # change it makes under $AUDIT_WORKDIR into $AUDIT_LOG (one JSON line per event).
 AUDIT_WRAPPER = r'''
 import json, os, runpy, sys
-
-pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 CHANGES = ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate", "os.link", "os.symlink",
