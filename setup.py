@@ -20,9 +20,12 @@ CORE = [
     "matplotlib>=3.7",
     "tqdm>=4.60",
     "pyarrow>=14",
+    "scipy>=1.10",
+    "rliable>=1.2",
+    "pandas>=2,<3",  # rliable's bootstrap (arch < 8) does not load under pandas 3
 ]
 
-AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 17
+AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 11 or later
 ALFWORLD = ["alfworld==0.4.2"]  # TextWorld's PDDL engine; builds jericho and fast-downward from source (~4 min)
 
 TEST = [

@@ -14,16 +14,20 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
   meta.*               the Meta-Optimizer: backbone ("scratch": a tiny model trained from random
                        init; "hf": a local Hugging Face checkpoint at `hf_path`), model sizes,
                        task / primitive descriptions for the hf prompt, sampling temperature,
-                       longest expression in grammar symbols, nesting depth, cold-start SFT
+                       longest expression in grammar symbols, nesting depth, decimals per
+                       number, cold-start SFT
                        corpus size / steps / learning rate, GRPO learning rate, KL weight, epochs
   outer.*              outer loop: strategy (search mode), iterations, candidates per iteration
                        (the Meta-Optimizer's GRPO group size n), seed of the 8:2 inner-train /
-                       validation split, inner steps per generation of population strategies
-                       (0: final.steps // iterations, so DERL-pop's evolved policy trains as
-                       long as the final policy)
+                       validation split, iterations of population strategies (0: iterations)
+                       and their inner steps per generation (0: final.steps // their
+                       iterations, so DERL-pop's evolved policy trains as long as the final
+                       policy)
   evolution.*          the evolution baseline: first generation, population capacity, tournament
                        size, mutation rate, depth of random trees
-  final.steps          inner steps of the final policy (the same for every method)
+  final.steps          inner steps of the final policy of every search method
+  final.baseline_steps inner steps of the fixed-expression baselines' final policies (0: final.steps;
+                       the agent presets give them 150 to DERL's 100, as the paper does)
   compare.*            methods, seeds, whether every iteration's best expression is also
                        trained in final mode and tested (costs one final training per iteration),
                        whether each candidate's trained policy is also tested (candidate_test),
@@ -34,7 +38,7 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        and levels: generalisation levels of the domain to run the whole compare
                        on, one after another in <workdir>/<level> (() = `domain.level` only),
                        and workers: processes that share out the method x seed runs (0: one
-                       per CPU core on a CPU host, 1 on accelerators; derl_jax/meta/workers.py)
+                       per CPU core on a CPU host, 1 on accelerators; derl_jax/experiment/workers.py)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device; data 0 (the default) is automatic: on a CPU host, one XLA host
                        device per core and a step's rollouts split over them (for policies of at
@@ -52,7 +56,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from derl_jax.meta.strategies import ALL_METHODS
+from derl_jax.outer import ALL_METHODS
 
 SCRATCH_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                  "head_dim": 16}
@@ -96,28 +100,67 @@ INNER = {
 META = {
     "backbone": "scratch",
     "hf_path": "",
+    "hf_tokenizer": "",
+    "hf_param_dtype": "float32",
     "task_description": "",
     "primitive_descriptions": (),
     **SCRATCH_MODEL,
     "temperature": 1.0,
     "max_symbols": 32,
     "max_depth": 4,
+    "max_decimals": 3,
     "cold_start_corpus": 256,
     "cold_start_steps": 150,
     "cold_start_lr": 3e-3,
+    "cold_start_batch_size": 32,
+    "cold_start_seed": 0,
     "lr": 3e-3,
     "kl": 0.01,
     "kl_kind": "k3",
     "epochs": 3,
+    "clip_eps": 0.2,
+    "max_grad_norm": 1.0,
+    "loss_agg": "token_mean",
 }
 
-OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_inner_steps": 0}
+# A pretrained (`meta.backbone="hf"`) Meta-Optimizer's training settings, the same in every
+# preset that uses one (`hf_meta`). The paper leaves the outer loop's hyperparameters at its RL
+# framework's defaults; these are the authors' released math scripts' values (AdamW lr 1e-6,
+# 4 epochs per update, KL 0.001 with the k3 estimator), a cold start at lr 1e-5, and our
+# choice of 64 cold-start steps (8 passes over the 256-expression corpus at 32 per step).
+META_HF = {"lr": 1e-6, "cold_start_lr": 1e-5, "cold_start_steps": 64, "kl": 0.001, "kl_kind": "k3", "epochs": 4}
+# The grammar of the paper presets: room for every expression the DERL paper prints (Table 3 and
+# the examples of the text; tests/test_paper_expressions.py): 45 symbols, 4 nested contexts, 8
+# decimals (0.00000001), and the beginnings of the cut-off ones (11 nested contexts).
+PAPER_GRAMMAR = {"max_symbols": 64, "max_depth": 12, "max_decimals": 8}
+# One line per agent primitive g1..g4 (outcome, phase_first, phase_middle, phase_last), for the
+# Meta-Optimizer's instruction prompt.
+AGENT_PRIMITIVE_DESCRIPTIONS = (
+    "1 if the episode ends with the task done, else 0",
+    "the mean step score (actions that fit the task's stage) over the first third of the episode's turns",
+    "the mean step score over the middle third of the episode's turns",
+    "the mean step score over the last third of the episode's turns",
+)
+# Qwen2.5-1.5B(-Instruct)'s shape: the policy sizes `--mode=plan` reads when the checkpoint is not on disk.
+QWEN25_1_5B_SHAPE = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_layers": 28,
+                     "num_heads": 12, "num_kv_heads": 2, "head_dim": 128}
+
+OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_iterations": 0,
+         "population_inner_steps": 0}
 EVOLUTION = {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
-FINAL = {"steps": 24}
+FINAL = {"steps": 24, "baseline_steps": 0}
 COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True,
            "keep_final_policies": False, "levels": (),
            "workers": 0}
 MESH = {"cand": 1, "data": 0, "model": 1}
+TRUST = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
+ARBO = {
+    "schedule": "adaptive", "initial_explore": 1, "patience": 2, "reexplore": 1,
+    "belief": True, "observations": "full", "history": "all", "retrieve_k": 4, "framework": True, "task": "",
+    "agent": {"backend": "openai", "url": "http://127.0.0.1:8000/v1", "model": "", "api_key_env": "",
+              "checkpoint": "", "tokenizer": "", "temperature": 0.7, "max_tokens": 1024, "timeout_s": 120.0,
+              "max_turns": 24},
+}
 
 
 def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -125,6 +168,7 @@ def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_
     blocks = {
         "domain": domain, "policy": policy, "inner": INNER, "meta": META, "outer": OUTER, "evolution": EVOLUTION,
         "final": FINAL, "compare": COMPARE, "mesh": MESH, "primitives": {"modules": (), "extra": ()},
+        "trust": TRUST, "arbo": ARBO,
     }
     cfg = ml_collections.ConfigDict({"name": name, "seed": 0})
     for block, fields in blocks.items():
@@ -132,15 +176,26 @@ def base(name: str, domain: Mapping[str, Any], policy: Mapping[str, Any]) -> ml_
     return cfg
 
 
+def hf_meta(cfg: ml_collections.ConfigDict, path: str) -> ml_collections.ConfigDict:
+    """`cfg` with the Meta-Optimizer of the paper presets: the local checkpoint `path` as its
+    backbone, the pretrained backbone's training settings (`META_HF`) and the paper's grammar
+    (`PAPER_GRAMMAR`). Every preset with an "hf" Meta-Optimizer is made by this function."""
+    cfg.meta.update(backbone="hf", hf_path=path, **META_HF, **PAPER_GRAMMAR)
+    return cfg
+
+
 def toy_search(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The search blocks at toy sizes (the `smoke` / `tiny` presets): a 1-layer scratch Meta-Optimizer,
-    2 outer iterations x 2 candidates, 2 inner and final steps, methods derl and outcome, seed 0."""
-    cfg.meta.update(backbone="scratch", hf_path="", **TOY_MODEL, max_symbols=16, max_depth=3, cold_start_corpus=32,
-                    cold_start_steps=10)
+    """The search blocks at toy sizes (the `smoke` / `tiny` presets): a 1-layer scratch Meta-Optimizer
+    with the scratch model's training settings and grammar limits (16 symbols, 3 nested contexts,
+    3 decimals), 2 outer iterations x 2 candidates, 2 inner and final steps (baselines too),
+    DERL-pop's schedule from the final budget, methods derl and outcome, seed 0."""
+    cfg.meta.update({k: META[k] for k in META_HF})
+    cfg.meta.update(backbone="scratch", hf_path="", **TOY_MODEL, max_symbols=16, max_depth=3,
+                    max_decimals=META["max_decimals"], cold_start_corpus=32, cold_start_steps=10)
     cfg.inner.steps = 2
-    cfg.outer.update(iterations=2, num_candidates=2)
+    cfg.outer.update(iterations=2, num_candidates=2, population_iterations=0, population_inner_steps=0)
     cfg.evolution.update(capacity=4)
-    cfg.final.steps = 2
+    cfg.final.update(steps=2, baseline_steps=0)
     cfg.compare.update(methods=("derl", "outcome"), seeds=(0,))
     return cfg
 

@@ -59,6 +59,9 @@ import ml_collections
 from configs import common
 
 METHODS = ("outcome", "average", "derl", "derl_pop")
+TASK = ("The policy is a household robot in a text world of ALFWorld's six task kinds: each turn it reads what it "
+        "sees and writes one action, until the task it was given is done.")
+SELF_GUIDE_DESCRIPTION = "the episode's summed self-rewards of the policy's own progress+ / progress= / progress- words"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -74,12 +77,12 @@ def default() -> ml_collections.ConfigDict:
     policy = {**common.SCRATCH_MODEL, "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
+    cfg.meta.update(task_description=TASK, primitive_descriptions=common.AGENT_PRIMITIVE_DESCRIPTIONS)
     cfg.inner.update(steps=6, prompts_per_step=4, group_size=8, lr=3e-4, kl_metric=False)
     cfg.outer.update(iterations=2, num_candidates=4)
     cfg.final.steps = 16
     cfg.compare.update(methods=METHODS, candidate_test=False)
     cfg.compare.levels = ("L0", "L1", "L2")
-    cfg.trust = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
     return cfg
 
 
@@ -101,6 +104,7 @@ def self_guide() -> ml_collections.ConfigDict:
     cfg = default()
     cfg.name = "household_self_guide"
     cfg.domain.self_guide = True
+    cfg.meta.primitive_descriptions = common.AGENT_PRIMITIVE_DESCRIPTIONS + (SELF_GUIDE_DESCRIPTION,)
     cfg.compare.methods = SELF_GUIDE_METHODS
     return cfg
 
@@ -109,5 +113,6 @@ def sg_smoke() -> ml_collections.ConfigDict:
     cfg = smoke()
     cfg.name = "household_sg_smoke"
     cfg.domain.self_guide = True
+    cfg.meta.primitive_descriptions = common.AGENT_PRIMITIVE_DESCRIPTIONS + (SELF_GUIDE_DESCRIPTION,)
     cfg.compare.methods = SELF_GUIDE_METHODS
     return cfg

@@ -10,7 +10,9 @@ Presets (`--config=configs/math.py:<preset>`):
            for search candidates. From the authors' released scripts (the paper states no
            inner-loop GRPO values): group size 5, lr 1e-6, KL 0.001 (k3), 512/512 prompt and
            response tokens, and the Meta-Optimizer's updates (4 PPO epochs, lr 1e-6, KL
-           0.001 with the low-variance k3 estimator):
+           0.001 with the low-variance k3 estimator; configs/common.py META_HF, shared by
+           every preset with a pretrained Meta-Optimizer, which also holds its cold start
+           and the grammar that writes every expression the paper prints):
 
       python launch/run.py --config=configs/math.py --mode=compare --workdir=runs/math \\
           --config.policy.checkpoint=/models/Qwen2.5-3B \\
@@ -164,13 +166,11 @@ def paper_defaults(source: str) -> ml_collections.ConfigDict:
         prompts_per_step=64, group_size=5, lr=1e-6, kl=0.001, minibatches=4, weight_decay=0.01, chunk_size=1,
         budget_factor=1.3, time_limit_s=0.0,
     )
-    # Meta-Optimizer updates as in the authors' released math scripts (the paper gives none).
-    cfg.meta.update(
-        backbone="hf", hf_path="/models/Qwen2.5-0.5B-Instruct", task_description=MATH_TASK,
-        primitive_descriptions=MATH_PRIMITIVE_DESCRIPTIONS, cold_start_lr=1e-5, lr=1e-6, kl=0.001, kl_kind="k3",
-        epochs=4,
-    )
-    cfg.outer.iterations = 8
+    # The Meta-Optimizer of every paper preset (configs/common.py META_HF, PAPER_GRAMMAR).
+    common.hf_meta(cfg, "/models/Qwen2.5-0.5B-Instruct")
+    cfg.meta.update(task_description=MATH_TASK, primitive_descriptions=MATH_PRIMITIVE_DESCRIPTIONS)
+    # DERL-pop: the paper reports it after its 7th iteration; 7 x (final.steps // 7) inner steps.
+    cfg.outer.update(iterations=8, population_iterations=7)
     cfg.compare.update(seeds=(0,), candidate_test=False)
     cfg.mesh.model = -1
     return set_epoch_steps(cfg, TRAIN_PROBLEMS[source])
@@ -220,6 +220,6 @@ def tiny(cfg: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDi
         prompts_per_step=2, group_size=2, lr=1e-3, minibatches=1, chunk_size=0, eval_batch_size=8, time_limit_s=0.0,
         host_workers=2,
     )
-    cfg.meta.update(cold_start_lr=3e-3, lr=1e-4, kl=0.01)
+    cfg.meta.lr = 1e-4
     cfg.mesh.model = 1
     return cfg

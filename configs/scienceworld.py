@@ -3,19 +3,27 @@ and `pip install 'derl_jax[agents]'`).
 
 Presets (`--config=configs/scienceworld.py:<preset>`):
 
-  default  the paper's settings (Section 4 and Appendix C): Qwen2.5-1.5B-Instruct policy and
-           Qwen2.5-0.5B-Instruct Meta-Optimizer from local directories, 8 rewards per outer
-           iteration, 80 inner steps per candidate, 5 outer iterations, 100 final steps;
-           GRPO + outcome, GRPO + average, DERL and DERL-pop over 3 seeds at one level
-           (`domain.level`; run once per level). Hours on accelerators:
+  default  the paper's settings (Section 3.2, Appendix B): Qwen2.5-1.5B-Instruct policy and
+           Qwen2.5-0.5B-Instruct Meta-Optimizer from local directories (its training settings
+           and grammar: configs/common.py META_HF, PAPER_GRAMMAR), 8 rewards per outer
+           iteration, 80 inner steps per candidate, 5 outer iterations; final policies of DERL
+           100 steps and of the baselines 150 (`final.baseline_steps`); DERL-pop 3 iterations x
+           33 inner steps (`outer.population_iterations`, its steps per candidate the final
+           budget divided by them). GRPO + outcome, GRPO + average, DERL and DERL-pop over 3
+           seeds at one level (`domain.level`; run once per level) on ScienceWorld's own
+           variation lists: every train variation of each task for training, its dev variations
+           as L0's test set (seen) and its test variations as L1's and L2's (unseen). The
+           rollout shape (16 tasks x 8 episodes per step, 50 turns, 1,024-token turn prompts,
+           128-token actions, 8 minibatches) is the planner's agent setting (docs/scale.md); the
+           paper states none. Days on 8 accelerators; `--mode=plan` first:
 
       python launch/run.py --config=configs/scienceworld.py --mode=compare --workdir=runs/sw_L0 \\
           --config.policy.checkpoint=/models/Qwen2.5-1.5B-Instruct \\
           --config.meta.hf_path=/models/Qwen2.5-0.5B-Instruct
 
-  derl_pop the paper's DERL-pop schedule on ScienceWorld: 3 outer iterations x 33 inner steps.
+  derl_pop the default preset comparing DERL-pop alone.
 
-  tiny     one task, 5 + 2 variations, 4 turns, a tiny scratch policy on its word vocabulary;
+  tiny     one task, 5 + 2 variations, 5 turns, a tiny scratch policy on its word vocabulary;
            runs on a laptop CPU in about a minute (most of it JVM start-up and compilation):
 
       python launch/run.py --config=configs/scienceworld.py:tiny --mode=final \\
@@ -26,7 +34,8 @@ Every field can be overridden from the command line, e.g. `--config.domain.level
 Fields of this experiment (the shared blocks are documented in configs/common.py):
   domain.*   kind, tasks (ScienceWorld task names), level ("L0" | "L1" | "L2"; see
              derl_jax/domains/scienceworld/splits.py), held_out_tasks (the task types L2
-             evaluates on and never trains on), num_train / num_test variations per task,
+             evaluates on and never trains on), num_train / num_test variations per task (0 =
+             all of the engine's list; N = N drawn at random with split_seed), split_seed,
              simplifications (the engine's, "easy" = all of them), max_turns per episode,
              history (W, the turns of actions and observations in each prompt), obs_length /
              action_length (tokens per observation / action), description_length (tokens of
@@ -48,6 +57,8 @@ METHODS = ("outcome", "average", "derl", "derl_pop")
 L2_HELD_OUT = ("inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
                "inclined-plane-friction-unnamed-surfaces", "mendelian-genetics-known-plant",
                "mendelian-genetics-unknown-plant")
+TASK = ("The policy does elementary-school science experiments in a text world (ScienceWorld): each turn it reads "
+        "what it observes and writes one action, until the task it was given is done.")
 ALL_TASKS = (
     "boil", "change-the-state-of-matter-of", "chemistry-mix", "chemistry-mix-paint-secondary-color",
     "chemistry-mix-paint-tertiary-color", "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
@@ -68,16 +79,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def default() -> ml_collections.ConfigDict:
     domain = {"kind": "scienceworld", "tasks": ALL_TASKS, "level": "L0", "held_out_tasks": L2_HELD_OUT,
-              "num_train": 10, "num_test": 5, "simplifications": "easy", "max_turns": 30, "history": 2,
-              "obs_length": 128, "action_length": 16, "description_length": 64, "num_workers": 16}
-    policy = {"checkpoint": "/models/Qwen2.5-1.5B-Instruct", "tokenizer": "", "param_dtype": "bfloat16",
-              "compute_dtype": "bfloat16", "remat": True, **common.SCRATCH_MODEL, "sft_steps": 0, "sft_lr": 3e-3,
+              "num_train": 0, "num_test": 0, "split_seed": 0, "simplifications": "easy", "max_turns": 50, "history": 2,
+              "obs_length": 256, "action_length": 128, "description_length": 255, "num_workers": 16}
+    policy = {"checkpoint": "/models/Qwen2.5-1.5B-Instruct", "tokenizer": "", "param_dtype": "float32",
+              "compute_dtype": "bfloat16", "remat": True, **common.QWEN25_1_5B_SHAPE, "sft_steps": 0, "sft_lr": 3e-3,
               "sft_batch_size": 64, "sft_perturb_rate": 0.3}
     cfg = common.base("scienceworld", domain, policy)
-    cfg.inner.update(steps=80, prompts_per_step=8, group_size=8, lr=1e-6, kl=0.01, eval_batch_size=64)
-    cfg.meta.update(backbone="hf", hf_path="/models/Qwen2.5-0.5B-Instruct")
-    cfg.outer.update(iterations=5, num_candidates=8, population_inner_steps=33)
-    cfg.final.steps = 100
+    cfg.inner.update(steps=80, prompts_per_step=16, group_size=8, lr=1e-6, kl=0.01, minibatches=8, eval_batch_size=64)
+    common.hf_meta(cfg, "/models/Qwen2.5-0.5B-Instruct")
+    cfg.meta.update(task_description=TASK, primitive_descriptions=common.AGENT_PRIMITIVE_DESCRIPTIONS)
+    cfg.outer.update(iterations=5, num_candidates=8, population_iterations=3, population_inner_steps=0)
+    cfg.final.update(steps=100, baseline_steps=150)
     cfg.compare.methods = METHODS
     return cfg
 
@@ -85,7 +97,6 @@ def default() -> ml_collections.ConfigDict:
 def derl_pop() -> ml_collections.ConfigDict:
     cfg = default()
     cfg.name = "scienceworld_derl_pop"
-    cfg.outer.update(iterations=3, population_inner_steps=33)
     cfg.compare.methods = ("derl_pop",)
     return cfg
 
@@ -96,8 +107,6 @@ def tiny() -> ml_collections.ConfigDict:
     cfg.domain.update(tasks=("find-non-living-thing",), held_out_tasks=(), num_train=5, num_test=2, max_turns=5,
                       history=1, obs_length=48, action_length=12, description_length=40, num_workers=1)
     cfg.policy.update(checkpoint="", tokenizer="", param_dtype="float32", compute_dtype="float32", remat=False,
-                      **common.TOY_MODEL, sft_steps=40, sft_lr=1e-2, sft_batch_size=16)
-    cfg.inner.update(prompts_per_step=2, group_size=2, lr=3e-4, kl=0.0, eval_batch_size=8)
-    cfg.meta.update(hf_path="")
-    cfg.outer.population_inner_steps = 0
+                      **common.TOY_MODEL, head_dim=16, sft_steps=40, sft_lr=1e-2, sft_batch_size=16)
+    cfg.inner.update(prompts_per_step=2, group_size=2, lr=3e-4, kl=0.0, minibatches=1, eval_batch_size=8)
     return cfg

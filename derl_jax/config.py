@@ -1,16 +1,18 @@
-"""Config validation: the shared blocks here, each domain's own fields in its `DomainSpec.validate`.
+"""Config checks: the small checkers every block's check uses, and the registry of block checks.
 
 Every check raises `ConfigError` with one line naming the field, e.g.
-`config.inner.group_size must be >= 2, got 1`. `validate(cfg)` runs the checks of the blocks
-every run has (seed, name, domain.kind, policy, inner, grpo, mesh, primitives) and then the domain's own;
-the strategy blocks (outer, meta, evolution, compare, final) are checked by the strategies
-(`derl_jax.meta.strategies.validate_config`). The small checkers below are shared by all of them.
+`config.inner.group_size must be >= 2, got 1`. The package that owns a config block registers
+its check here (`register_check`): the run fields below, `policy`, `inner` and `mesh` in
+`derl_jax.rl.checks`, `primitives` in `primitives.registry`,
+`domain` in `derl_jax.domains.registry` (which calls the domain's own `validate`), `outer` and
+`methods` in `derl_jax.outer.checks` (each method checks its own fields), `final` and `compare`
+in `derl_jax.experiment.checks`. This module imports nothing of the project.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -115,7 +117,7 @@ def int_tuple(cfg: Any, path: str, *, minimum: int, allowed: Sequence[int] | Non
 def held_out_split(cfg: Any, items_path: str, held_out_path: str, noun: str) -> None:
     """An agent domain's generalisation split: `held_out_path` names some of `items_path` (task
     kinds or names; at level L2 some but not all), and the trained ones x `domain.num_train` leave
-    at least 5 rows for the 8:2 inner-train/validation cut."""
+    at least 5 rows for the 8:2 inner-train/validation cut (num_train 0: the whole split)."""
     items = tuple(config_value(cfg, items_path))
     held_path = held_out_path.rsplit(".", 1)
     held_out = tuple(config_value(cfg, held_path[0]).get(held_path[1], ()))
@@ -127,7 +129,7 @@ def held_out_split(cfg: Any, items_path: str, held_out_path: str, noun: str) -> 
         raise ConfigError(f"config.{held_out_path} must name some but not all of config.{items_path} for level L2")
     trained = len(items) - (len(held_out) if level == "L2" else 0)
     rows = int(config_value(cfg, "domain.num_train"))
-    if trained * rows < 5:
+    if rows and trained * rows < 5:  # 0: every row of the benchmark's split, counted when it is read
         raise ConfigError(f"config.domain.num_train x training {noun} must be >= 5 (the 8:2 inner-train/validation "
                           f"cut), got {rows} x {trained}")
 
@@ -152,86 +154,55 @@ def model_sizes(cfg: Any, section: str) -> None:
         )
 
 
-# --------------------------------------------------------------------------- the shared blocks
+# --------------------------------------------------------------------------- block checks
 
 
-def validate_shared(cfg: Any) -> None:
-    """Seed, name, domain.kind (a name), policy, inner and GRPO keys, mesh, primitives.modules / extra; no domain lookup."""
+BLOCK_ORDER = ("run", "policy", "inner", "mesh", "domain", "primitives", "outer", "final", "compare", "methods")
+_CHECKS: dict[str, Callable[[Any], None]] = {}
+
+
+def register_check(block: str, check: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Register `check(cfg)`, which raises ConfigError naming the first bad field of `block`.
+
+    The package that owns a config block registers its check when it is imported (the inner
+    loop `inner`, the domains `domain`, the outer loop `outer`, ...); `validate` runs them in
+    `BLOCK_ORDER`, so the first bad field a user is told of does not depend on import order.
+    """
+    if block not in BLOCK_ORDER:
+        raise ValueError(f"register_check: block must be one of {BLOCK_ORDER}, got {block!r}")
+    known = _CHECKS.get(block)
+    if known is not None and (known.__module__, known.__qualname__) != (check.__module__, check.__qualname__):
+        raise ValueError(f"register_check: block {block!r} is already checked by {known.__module__}.{known.__qualname__}")
+    _CHECKS[block] = check
+    return check
+
+
+def registered_checks() -> tuple[str, ...]:
+    """The blocks with a registered check, in the order `validate` runs them."""
+    return tuple(block for block in BLOCK_ORDER if block in _CHECKS)
+
+
+def validate(cfg: Any, blocks: Sequence[str] | None = None) -> None:
+    """The registered checks of `blocks` (default: every registered block), in `BLOCK_ORDER`;
+    ConfigError naming the first bad field.
+
+    Only the checks of imported packages are registered: `derl_jax.experiment.checks.validate_config`
+    imports every owner first and is what a run calls.
+    """
+    unknown = set(blocks or ()) - set(BLOCK_ORDER)
+    if unknown:
+        raise ValueError(f"validate: unknown blocks {sorted(unknown)}; blocks are {BLOCK_ORDER}")
+    for block in registered_checks():
+        if blocks is None or block in blocks:
+            _CHECKS[block](cfg)
+
+
+def check_run_fields(cfg: Any) -> None:
+    """`seed` and `name`, the fields of the run itself."""
     int_at_least(cfg, "seed", 0)
     name = config_value(cfg, "name")
     if not isinstance(name, str) or not name.strip() or "/" in name:
         raise ConfigError(f"config.name must be a non-empty name without '/', got {name!r}")
-    kind = config_value(cfg, "domain.kind")
-    if not isinstance(kind, str) or not kind:
-        raise ConfigError(f"config.domain.kind must name a domain, got {kind!r}")
-
-    model_sizes(cfg, "policy")
-    int_at_least(cfg, "policy.sft_steps", 0)
-    number(cfg, "policy.sft_lr", minimum=0.0, strict=True)
-    int_at_least(cfg, "policy.sft_batch_size", 1)
-
-    int_at_least(cfg, "inner.steps", 1)
-    int_at_least(cfg, "inner.prompts_per_step", 1)
-    int_at_least(cfg, "inner.group_size", 2)
-    number(cfg, "inner.lr", minimum=0.0, strict=True)
-    number(cfg, "inner.kl", minimum=0.0, strict=False)
-    int_at_least(cfg, "inner.chunk_size", 0)
-    number(cfg, "inner.temperature", minimum=0.0, strict=True)
-    for block in ("inner", "grpo"):
-        if has_field(cfg, block):
-            _optional_inner_fields(cfg, block)
-
-    for axis in ("cand", "data", "model"):
-        size = config_value(cfg, f"mesh.{axis}")
-        auto = axis == "data" and size == 0
-        if not is_int(size) or (size < 1 and size != -1 and not auto):
-            also = ", -1 (fill) or 0 (auto: one per CPU core)" if axis == "data" else " or -1 (fill)"
-            raise ConfigError(f"config.mesh.{axis} must be a positive integer{also}, got {size!r}")
-    for field, what in (("modules", "module names"), ("extra", "primitive names")):
-        if has_field(cfg, f"primitives.{field}"):
-            names = config_value(cfg, f"primitives.{field}")
-            if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) and n for n in names):
-                raise ConfigError(f"config.primitives.{field} must be a tuple of {what}, got {names!r}")
 
 
-def _optional_inner_fields(cfg: Any, block: str) -> None:
-    """The optional keys of the inner loop / GRPO in `config.<block>`, each checked when present."""
-    from derl_jax.rl.config import BUDGET_REFERENCES, DISPATCH_MODES
-    from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS
-
-    present = lambda field: has_field(cfg, f"{block}.{field}")  # noqa: E731
-    for field in ("clip_low", "clip_high", "weight_decay", "budget_factor", "time_limit_s"):
-        if present(field):
-            number(cfg, f"{block}.{field}", minimum=0.0, strict=False)
-    if present("clip_low") and config_value(cfg, f"{block}.clip_low") >= 1:
-        raise ConfigError(f"config.{block}.clip_low must be < 1, got {config_value(cfg, f'{block}.clip_low')!r}")
-    for field, minimum in (("epochs", 1), ("minibatches", 1), ("warmup_steps", 0), ("top_k", 0),
-                           ("eval_batch_size", 1), ("budget_tokens", 0), ("host_workers", 1)):
-        if present(field):
-            int_at_least(cfg, f"{block}.{field}", minimum)
-    if present("max_grad_norm") and config_value(cfg, f"{block}.max_grad_norm") is not None:
-        number(cfg, f"{block}.max_grad_norm", minimum=0.0, strict=False)
-    for field, options in (("kl_kind", KL_KINDS), ("loss_agg", LOSS_AGGREGATIONS), ("dispatch", DISPATCH_MODES),
-                           ("budget_reference", BUDGET_REFERENCES)):
-        if present(field):
-            choice(cfg, f"{block}.{field}", options)
-    for field in ("normalize_std", "kl_metric", "common_random_numbers", "return_params"):
-        if present(field):
-            boolean(cfg, f"{block}.{field}")
-    if present("minibatches"):
-        rollouts = int_at_least(cfg, "inner.prompts_per_step", 1) * int_at_least(cfg, "inner.group_size", 1)
-        minibatches = config_value(cfg, f"{block}.minibatches")
-        if rollouts % minibatches:
-            raise ConfigError(f"config.{block}.minibatches must divide the {rollouts} rollouts per step "
-                              f"(inner.prompts_per_step x inner.group_size), got {minibatches}")
-
-
-def validate(cfg: Any) -> None:
-    """The shared blocks, then the domain named by `config.domain.kind` checks its own fields.
-
-    Raises ConfigError naming the first bad field (an unknown domain lists the known ones).
-    """
-    from derl_jax.domains.registry import get_domain
-
-    validate_shared(cfg)
-    get_domain(config_value(cfg, "domain.kind")).validate(cfg)
+register_check("run", check_run_fields)

@@ -11,7 +11,7 @@ Layout of a run directory written by `RunLogger(workdir)`:
 JSONL files are append-only and line-complete: a record counts once its newline is on
 disk. A run killed mid-write can leave a torn last line; `read_jsonl` ignores it and the
 next append cuts it off first. On resume the search rewrites both files (`rewrite_jsonl`)
-to exactly what its checkpoint covers, from its own journal (`derl_jax.meta.resume`), so a
+to exactly what its checkpoint covers, from its own journal (`derl_jax.outer.resume`), so a
 damaged line anywhere loses nothing.
 """
 

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 AGENT_PRIMITIVES = ("outcome", "phase_first", "phase_middle", "phase_last")
 DOMAIN = "agent"
@@ -84,25 +84,25 @@ def phase_mean(scores: jax.Array, mask: jax.Array, phase: int) -> jax.Array:
     return jnp.where(count > 0, total / jnp.maximum(count, 1), 0.0).astype(jnp.float32)
 
 
-@primitive("outcome", kind="device", domain=DOMAIN)
+@register_primitive("outcome", kind="device", domain=DOMAIN)
 def outcome(rollout: Mapping[str, Any], context: Any) -> jax.Array:
     """1.0 where the episode succeeded, else 0.0: `success` f32[N] -> f32[N]."""
     return _field(rollout, "success", 1).astype(jnp.float32)
 
 
-@primitive("phase_first", kind="device", domain=DOMAIN)
+@register_primitive("phase_first", kind="device", domain=DOMAIN)
 def phase_first(rollout: Mapping[str, Any], context: Any) -> jax.Array:
     """Mean step score over the first third of each episode (0 if that third is empty) -> f32[N]."""
     return phase_mean(*_steps(rollout), phase=0)
 
 
-@primitive("phase_middle", kind="device", domain=DOMAIN)
+@register_primitive("phase_middle", kind="device", domain=DOMAIN)
 def phase_middle(rollout: Mapping[str, Any], context: Any) -> jax.Array:
     """Mean step score over the middle third of each episode (0 if that third is empty) -> f32[N]."""
     return phase_mean(*_steps(rollout), phase=1)
 
 
-@primitive("phase_last", kind="device", domain=DOMAIN)
+@register_primitive("phase_last", kind="device", domain=DOMAIN)
 def phase_last(rollout: Mapping[str, Any], context: Any) -> jax.Array:
     """Mean step score over the last third of each episode (0 if that third is empty) -> f32[N]."""
     return phase_mean(*_steps(rollout), phase=2)

@@ -20,14 +20,13 @@ Text-level definitions (s = the output as text):
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from derl_jax.models.tokenizers import CharTokenizer
-from primitives.registry import primitive
+from primitives.registry import register_primitive
+from primitives.spans import output_span
 
 __all__ = ["ARITH_PRIMITIVES", "correct", "boxed", "steps", "gold_anywhere"]
 
@@ -54,22 +53,6 @@ BOX_OPEN_ID = _TOKENIZER.id_of(BOX_OPEN)
 BOX_CLOSE_ID = _TOKENIZER.id_of(BOX_CLOSE)
 
 
-def _output(rollout: Mapping[str, jax.Array]):
-    """(tokens i32[N, T], in_output bool[N, T], output_len i32[N], ended bool[N]).
-
-    in_output marks the masked prefix before the first EOS; ended says an EOS was generated.
-    """
-    tokens = jnp.asarray(rollout["tokens"], jnp.int32)
-    mask = jnp.asarray(rollout["mask"], bool)
-    positions = jnp.arange(tokens.shape[-1])
-    masked_len = jnp.sum(mask, axis=-1)
-    eos_here = (tokens == EOS_ID) & (positions < masked_len[:, None])
-    first_eos = jnp.min(jnp.where(eos_here, positions, tokens.shape[-1]), axis=-1)
-    output_len = jnp.minimum(first_eos, masked_len)
-    in_output = positions < output_len[:, None]
-    return tokens, in_output, output_len, first_eos < masked_len
-
-
 def _is_digit(tokens: jax.Array) -> jax.Array:
     return jnp.any(tokens[..., None] == DIGIT_IDS, axis=-1)
 
@@ -86,10 +69,10 @@ def _token_at(tokens: jax.Array, index: jax.Array) -> jax.Array:
     return jnp.take_along_axis(tokens, safe[:, None], axis=-1)[:, 0]
 
 
-@primitive("correct", kind="device", domain="arith", aliases=("outcome",))
+@register_primitive("correct", kind="device", domain="arith", aliases=("outcome",))
 def correct(rollout, context):
     """1 when the final box `[...]` holds exactly the gold answer, else 0."""
-    tokens, in_output, _, _ = _output(rollout)
+    tokens, in_output, _, _ = output_span(rollout, EOS_ID)
     answer = jnp.asarray(context["answer"], jnp.int32)
     answer_len = jnp.asarray(context["answer_len"], jnp.int32)
     positions = jnp.arange(tokens.shape[-1])
@@ -102,11 +85,11 @@ def correct(rollout, context):
     return hit.astype(jnp.float32)
 
 
-@primitive("boxed", kind="device", domain="arith", aliases=("format",))
+@register_primitive("boxed", kind="device", domain="arith", aliases=("format",))
 def boxed(rollout, context):
     """1 when the output ends with `[digits]` directly followed by EOS, else 0."""
     del context
-    tokens, in_output, output_len, ended = _output(rollout)
+    tokens, in_output, output_len, ended = output_span(rollout, EOS_ID)
     positions = jnp.arange(tokens.shape[-1])
     last = output_len - 1
     ends_with_close = (output_len >= 1) & (_token_at(tokens, last) == BOX_CLOSE_ID)
@@ -116,11 +99,11 @@ def boxed(rollout, context):
     return (ended & ends_with_close & opened & has_digits).astype(jnp.float32)
 
 
-@primitive("steps", kind="device", domain="arith")
+@register_primitive("steps", kind="device", domain="arith")
 def steps(rollout, context):
     """1 when the step marker `1:` (not preceded by a digit) appears in the output, else 0."""
     del context
-    tokens, in_output, _, _ = _output(rollout)
+    tokens, in_output, _, _ = output_span(rollout, EOS_ID)
     pad_column = jnp.zeros_like(tokens[:, :1])
     next_token = jnp.concatenate([tokens[:, 1:], pad_column], axis=-1)
     next_in_output = jnp.concatenate([in_output[:, 1:], pad_column.astype(bool)], axis=-1)
@@ -129,10 +112,10 @@ def steps(rollout, context):
     return jnp.any(marker, axis=-1).astype(jnp.float32)
 
 
-@primitive("gold_anywhere", kind="device", domain="arith")
+@register_primitive("gold_anywhere", kind="device", domain="arith")
 def gold_anywhere(rollout, context):
     """1 when the gold answer appears as a whole number anywhere in the output, else 0."""
-    tokens, in_output, _, _ = _output(rollout)
+    tokens, in_output, _, _ = output_span(rollout, EOS_ID)
     answer = jnp.asarray(context["answer"], jnp.int32)
     answer_len = jnp.asarray(context["answer_len"], jnp.int32)
     length = tokens.shape[-1]

@@ -39,7 +39,7 @@ extracted answer, the headline) and "verify" (math-verify equivalence, reported 
 
 Vocabulary ablations (Appendix F.3) are chosen by `math_primitive_names(remove, reverse)`.
 Scoring a batch (`derl_jax.rl.host_pool.HostPrimitiveRunner`) and the time-limited worker
-processes (`derl_jax.rl.host_pool.TimedChecker`) are shared by every host-scored domain.
+processes (`derl_jax.timed_checker.TimedChecker`) are shared by every host-scored domain.
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from derl_jax.rl.host_pool import TimedChecker
+from derl_jax.timed_checker import TimedChecker
 from primitives import registry
 from primitives.math_text import last_boxed_content, strip_thousands_separators
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 DOMAIN = "math"
 MATH_PRIMITIVES = ("correct", "boxed", "steps", "gold_anywhere")
@@ -208,14 +208,14 @@ def _per_text(texts: Sequence[str], test: Callable[[str], bool]) -> np.ndarray:
     return np.fromiter((float(test(t)) for t in texts), dtype=np.float32, count=len(texts))
 
 
-@primitive("correct", kind="host", domain=DOMAIN, aliases=("outcome",))
+@register_primitive("correct", kind="host", domain=DOMAIN, aliases=("outcome",))
 def correct(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """g1, f32[N]: 1 if the extracted answer is equivalent to the gold answer."""
     golds = _gold_answers(contexts, texts, "correct")
     return answer_checker().check([extract_predicted_answer(t) for t in texts], golds)
 
 
-@primitive(EXACT_OUTCOME, kind="host", domain=DOMAIN)
+@register_primitive(EXACT_OUTCOME, kind="host", domain=DOMAIN)
 def correct_exact(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """g1 with `reward_match='exact'`, f32[N]: 1 if the extracted answer exactly matches the gold one."""
     golds = _gold_answers(contexts, texts, EXACT_OUTCOME)
@@ -233,28 +233,28 @@ def answer_metrics(texts: Sequence[str], golds: Sequence[str]) -> dict[str, np.n
     return {"exact": exact, "verify": answer_checker().check(predictions, list(golds))}
 
 
-@primitive("boxed", kind="host", domain=DOMAIN, aliases=("format",))
+@register_primitive("boxed", kind="host", domain=DOMAIN, aliases=("format",))
 def boxed(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """g2, f32[N]: 1 if the answer is in a balanced, non-empty `\\boxed{}`."""
     del contexts
     return _per_text(texts, _box_argument_is_closed)
 
 
-@primitive("steps", kind="host", domain=DOMAIN)
+@register_primitive("steps", kind="host", domain=DOMAIN)
 def steps(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """g3, f32[N]: 1 if an explicit step indicator (`STEP_INDICATOR`) is present."""
     del contexts
     return _per_text(texts, lambda t: STEP_INDICATOR.search(t) is not None)
 
 
-@primitive("gold_anywhere", kind="host", domain=DOMAIN)
+@register_primitive("gold_anywhere", kind="host", domain=DOMAIN)
 def gold_anywhere(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """g4, f32[N]: 1 if the gold answer appears anywhere in the output (soft match)."""
     golds = _gold_answers(contexts, texts, "gold_anywhere")
     return np.array([gold_appears(t, g) for t, g in zip(texts, golds)], np.float32).reshape(len(texts))
 
 
-@primitive("boxed_reversed", kind="host", domain=DOMAIN)
+@register_primitive("boxed_reversed", kind="host", domain=DOMAIN)
 def boxed_reversed(texts: Sequence[str], contexts: Sequence[Mapping]) -> np.ndarray:
     """1 - g2, f32[N]: the flipped format primitive of the "Reverse g2" ablation."""
     return 1.0 - boxed(texts, contexts)

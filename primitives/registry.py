@@ -5,9 +5,9 @@ rollout. Register one with the decorator in any module of the `primitives` packa
 file there is found by package discovery, no list to edit), or in a module of your own
 named in the config entry `primitives.modules` (imported by `import_modules`):
 
-    from primitives.registry import primitive
+    from primitives.registry import register_primitive
 
-    @primitive("ends_with_period", kind="host", domain="math")
+    @register_primitive("ends_with_period", kind="host", domain="math")
     def ends_with_period(texts, contexts):
         return np.array([t.rstrip().endswith(".") for t in texts], np.float32)
 
@@ -24,7 +24,11 @@ Aliases (`outcome`, `format`, ...) are extra names for the same index.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+import importlib
+from typing import Any, Callable, Sequence
+
+from derl_jax.config import ConfigError, config_value, has_field, register_check
+from derl_jax.registry import Registry
 
 KINDS = ("device", "host")
 
@@ -41,19 +45,20 @@ class Primitive:
     doc: str = ""
 
 
-_REGISTRY: dict[tuple[str, str], Primitive] = {}
+PRIMITIVES = Registry("primitive", ("primitives",), skip=("registry",), same=lambda a, b: a.fn is b.fn)
 
 
-def primitive(name: str, *, kind: str, domain: str, aliases: Sequence[str] = ()):
+def register_primitive(name: str, *, kind: str, domain: str, aliases: Sequence[str] = ()):
     """Decorator registering `fn` as primitive `name` of `domain`."""
     if kind not in KINDS:
         raise ValueError(f"primitive {name!r}: kind must be one of {KINDS}, got {kind!r}")
 
     def register(fn: Callable) -> Callable:
-        key = (domain, name)
-        if key in _REGISTRY and _REGISTRY[key].fn is not fn:
+        entry = Primitive(name, fn, kind, domain, tuple(aliases), (fn.__doc__ or "").strip())
+        known = PRIMITIVES.registered().get((domain, name))
+        if known is not None and known.fn is not fn:
             raise ValueError(f"primitive {name!r} is already registered for domain {domain!r}")
-        _REGISTRY[key] = Primitive(name, fn, kind, domain, tuple(aliases), (fn.__doc__ or "").strip())
+        PRIMITIVES.add((domain, name), entry)
         return fn
 
     return register
@@ -61,12 +66,11 @@ def primitive(name: str, *, kind: str, domain: str, aliases: Sequence[str] = ())
 
 def get(domain: str, name: str) -> Primitive:
     """The primitive `name` of `domain`; a clear error lists what is registered."""
-    _import_builtin_modules()
-    try:
-        return _REGISTRY[(domain, name)]
-    except KeyError:
-        known = sorted(n for d, n in _REGISTRY if d == domain)
-        raise KeyError(f"no primitive {name!r} in domain {domain!r}; registered: {known}") from None
+    found = PRIMITIVES.find((domain, name))
+    if found is None:
+        known = sorted(n for d, n in PRIMITIVES.entries() if d == domain)
+        raise KeyError(f"no primitive {name!r} in domain {domain!r}; registered: {known}")
+    return found
 
 
 def resolve(domain: str, names: Sequence[str]) -> tuple[Primitive, ...]:
@@ -75,8 +79,8 @@ def resolve(domain: str, names: Sequence[str]) -> tuple[Primitive, ...]:
 
 
 def registered(domain: str | None = None) -> tuple[Primitive, ...]:
-    _import_builtin_modules()
-    return tuple(p for (d, _), p in sorted(_REGISTRY.items()) if domain in (None, d))
+    """Every registered primitive (of `domain` when given), sorted by (domain, name)."""
+    return tuple(p for (d, _), p in PRIMITIVES.entries().items() if domain in (None, d))
 
 
 def symbol_table(prims: Sequence[Primitive]) -> dict[str, int]:
@@ -92,12 +96,7 @@ def symbol_table(prims: Sequence[Primitive]) -> dict[str, int]:
 
 def discovered_modules() -> tuple[str, ...]:
     """Every module of the `primitives` package but this one (sorted): the primitive families."""
-    import pkgutil
-
-    import primitives
-
-    names = (m.name for m in pkgutil.iter_modules(primitives.__path__) if not m.name.startswith("_"))
-    return tuple(sorted(f"primitives.{name}" for name in names if name != "registry"))
+    return PRIMITIVES.modules()
 
 
 def import_modules(modules: Sequence[str]) -> None:
@@ -105,17 +104,35 @@ def import_modules(modules: Sequence[str]) -> None:
 
     A module that cannot be found raises ModuleNotFoundError naming it.
     """
-    import importlib
-
     if isinstance(modules, str):
         raise TypeError(f"import_modules: expected a sequence of module names, got the string {modules!r}")
     for module in modules:
         importlib.import_module(module)
 
 
-def _import_builtin_modules() -> None:
-    """Import the modules of the `primitives` package so their primitives register."""
-    import importlib
+def configured(cfg: Any, field: str) -> tuple[str, ...]:
+    """`config.primitives.<field>` ("modules" or "extra"); () when the config has none."""
+    path = f"primitives.{field}"
+    return tuple(config_value(cfg, path)) if has_field(cfg, path) else ()
 
-    for module in discovered_modules():
-        importlib.import_module(module)
+
+def check_primitives_block(cfg: Any) -> None:
+    """`primitives.modules` import, and each name of `primitives.extra` is a registered primitive
+    of the run's domain."""
+    for field, what in (("modules", "module names"), ("extra", "primitive names")):
+        if has_field(cfg, f"primitives.{field}"):
+            names = config_value(cfg, f"primitives.{field}")
+            if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) and n for n in names):
+                raise ConfigError(f"config.primitives.{field} must be a tuple of {what}, got {names!r}")
+    try:
+        import_modules(configured(cfg, "modules"))
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"config.primitives.modules: no module named {err.name!r}") from None
+    for name in configured(cfg, "extra"):
+        try:
+            get(config_value(cfg, "domain.kind"), name)
+        except KeyError as err:
+            raise ConfigError(f"config.primitives.extra: {err.args[0]}") from None
+
+
+register_check("primitives", check_primitives_block)

@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 
 from primitives.agent import DOMAIN, _field
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 from derl_jax.selfguide import SELF_REWARD_PRIMITIVE  # "g_sg"
 
 
-@primitive(SELF_REWARD_PRIMITIVE, kind="device", domain=DOMAIN, aliases=("self_reward",))
+@register_primitive(SELF_REWARD_PRIMITIVE, kind="device", domain=DOMAIN, aliases=("self_reward",))
 def summed_self_reward(rollout: Mapping[str, Any], context: Any) -> jax.Array:
     """Sum of the self-rewards f32[N, S] over the taken steps (step_mask) -> f32[N]."""
     if "self_rewards" not in rollout:

@@ -23,6 +23,7 @@ SPLIT = P.type_split(0)
 SEEN = tuple(SPLIT[s][0] for s in ("objects", "receptacles", "lamps"))
 
 
+@pytest.mark.slow
 def test_generated_problems_carry_alfworld_goals_and_rooms():
     from alfworld.gen import constants, goal_library
 
@@ -115,6 +116,7 @@ def expert_tags(plan: list[str], game: P.GameSpec) -> list[str]:
     return tags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_two_scripted_episodes_on_the_engine(num_workers):
     games = P.generate_games(("pick_clean_then_place_in_recep",), 1, seed=5, objects=SEEN[0], receptacles=SEEN[1],
@@ -180,10 +182,10 @@ def test_data_directory_games_play_from_their_files(tmp_path):
     validate(cfg)
     (root / "valid_unseen").rename(tmp_path / "elsewhere")
     cfg.domain.level = "L1"
-    with pytest.raises(InputError, match=r"^config.domain.data_dir: .* has no valid_unseen/ .*json_2.1.1"):
+    with pytest.raises(InputError, match=r"^config.domain.data_dir=.* has no valid_unseen/ .*json_2.1.1"):
         validate(cfg)
     cfg.domain.data_dir = str(tmp_path / "missing")
-    with pytest.raises(InputError, match=r"^config.domain.data_dir: .*missing' is not a directory; put ALFWorld's json_2.1.1"):
+    with pytest.raises(InputError, match=r"^config.domain.data_dir=.*missing' is not a directory; put ALFWorld's json_2.1.1"):
         validate(cfg)
 
 

@@ -13,14 +13,14 @@ from configs import alfworld as alf_config
 from derl_jax.config import ConfigError, validate
 from derl_jax.domains import registry
 
-from test_launch import load_launcher
+from derl_jax.experiment import build
+from derl_jax.experiment.run import run
 
-launcher = load_launcher()  # launch/run.py defines absl flags: one module per process
 
 
 def test_registered_with_the_agent_primitives():
     spec = registry.get_domain("alfworld")
-    assert "alfworld" in registry.registered_domains()
+    assert "alfworld" in registry.DOMAINS.registered()
     assert spec.primitive_names(alf_config.get_config("tiny")) == ("outcome", "phase_first", "phase_middle", "phase_last")
 
 
@@ -42,14 +42,20 @@ def test_bad_fields_are_named(field, value, message):
         validate(cfg)
 
 
-def test_presets_carry_the_paper_settings():
+def test_presets_carry_the_paper_settings(monkeypatch, tmp_path):
+    from derl_jax.outer.budget import population_inner_steps, population_iterations
+    from test_alfworld_splits import write_tree
+
+    write_tree(tmp_path)
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
     cfg = alf_config.get_config()
     assert (cfg.inner.steps, cfg.final.steps, cfg.outer.num_candidates, cfg.outer.iterations) == (40, 100, 8, 10)
+    assert cfg.final.baseline_steps == 150
     assert cfg.policy.checkpoint.endswith("Qwen2.5-1.5B-Instruct") and cfg.meta.hf_path.endswith("Qwen2.5-0.5B-Instruct")
     pop = alf_config.get_config("derl_pop")
-    assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (10, 10, ("derl_pop",))
+    assert (population_iterations(pop), population_inner_steps(pop), pop.compare.methods) == (10, 10, ("derl_pop",))
     assert len(cfg.domain.kinds) == 6 and set(cfg.domain.held_out_kinds) < set(cfg.domain.kinds)
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     for preset in ("default", "derl_pop", "tiny"):
         validate(alf_config.get_config(preset)), validate_config(alf_config.get_config(preset))
@@ -61,13 +67,14 @@ def test_presets_carry_the_paper_settings():
         validate(l2)
 
 
+@pytest.mark.slow
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     built = []
-    real_build = launcher.build_domain
-    monkeypatch.setattr(launcher, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
+    real_build = build.build_domain
+    monkeypatch.setattr(build, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
     cfg = alf_config.get_config("tiny")
     workdir = tmp_path / "run"
-    final = launcher.run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
+    final = run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
 
     result = json.loads((workdir / "final_result.json").read_text())
     assert result["expression"] == "g1+0.5*g2" and result["seed"] == 0 and result["test"] == final.test

@@ -1,60 +1,27 @@
-"""ARBO: the schedule, the history and its queries, the structural proposer, the strategy.
+"""The history-driven searches' common parts: the schedule, the history and its queries, the
+structural proposer and `history_search`, the `arbo` config block and the ablation names.
 
-No model is trained: a fake oracle scores an expression by how well it ranks a fixed set of
-synthetic "policies" (NumPy), and makes per-primitive curves from fixed trajectories.
+No model is trained: the fake oracle of `arbo_fakes` scores an expression by how it ranks two
+probes and makes per-primitive curves from fixed trajectories.
 """
+
+import dataclasses
 
 import jax
 import numpy as np
 import pytest
 
+from arbo_fakes import NAMES, STEPS, TRAJECTORY, fake_records, run_rounds
 from derl_jax.config import ConfigError
 from derl_jax.expr.ast import primitive_indices
 from derl_jax.expr.canonical import canonical
 from derl_jax.expr.check import check_text
 from derl_jax.expr.parse import parse
-from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta.arbo import history as hist
-from derl_jax.meta.arbo import proposer as prop
-from derl_jax.meta.arbo.schedule import Schedule, modes, next_mode
-from derl_jax.meta.arbo.settings import arbo_block, read_settings
-from derl_jax.meta.strategies import CandidateRecord, make_strategy
-
-NAMES = ("correct", "format", "steps")
-STEPS = 12
-# per primitive mean value over inner training: g1 rises, g2 is saturated from the start, g3 never moves
-TRAJECTORY = np.stack([np.linspace(0.1, 0.7, STEPS), np.full(STEPS, 0.98), np.zeros(STEPS)], 1).astype(np.float32)
-
-
-def fake_records(iteration, texts, names=NAMES):
-    """CandidateRecords from a fake oracle: score = mean of g1 under the reward's weighting (a
-    deterministic function of the expression); curves from TRAJECTORY."""
-    records = []
-    for j, text in enumerate(texts):
-        tree, validity = check_text(text, names)
-        if tree is None or not validity.ok:
-            records.append(CandidateRecord(iteration, j, text, canonical(tree) if tree else None, False,
-                                           validity.reason or "invalid", 0.0, {}))
-            continue
-        reward = np.array([evaluate_numpy(tree, TRAJECTORY[t:t + 1], t / (STEPS - 1))[0] for t in range(STEPS)])
-        probe = evaluate_numpy(tree, np.array([[1, 0, 0], [0, 1, 1]], np.float32), 0.5)
-        score = float(np.clip(0.5 + 0.4 * np.tanh(probe[0] - probe[1]), 0, 1))
-        curves = {"reward_mean": reward.astype(np.float32),
-                  **{f"primitive/{n}": TRAJECTORY[:, i] for i, n in enumerate(names)}}
-        records.append(CandidateRecord(iteration, j, text, canonical(tree), True, None, round(score, 6), curves))
-    return records
-
-
-def run_rounds(strategy, rounds, n=4, seed=0, state=None, start=0):
-    key = jax.random.key(seed)
-    state = strategy.init(key) if state is None else state
-    proposed = []
-    for r in range(start, rounds):
-        texts, aux = strategy.propose(state, jax.random.fold_in(key, r), n)
-        records = fake_records(r, texts)
-        state = strategy.update(state, records, np.array([rec.score for rec in records], np.float32), aux)
-        proposed.append(texts)
-    return state, proposed
+from derl_jax.methods.arbo import history as hist
+from derl_jax.methods.arbo import proposer as prop
+from derl_jax.methods.arbo.schedule import Schedule, modes, next_mode
+from derl_jax.methods.arbo.settings import arbo_block, read_settings
+from derl_jax.outer import CandidateRecord, make_strategy
 
 
 # --------------------------------------------------------------------------- schedule
@@ -150,8 +117,8 @@ def test_dominant_term_is_damped_and_plateau_adds_terms():
 
 
 def test_proposals_parse_are_distinct_and_deterministic():
-    state, proposed = run_rounds(make_strategy("arbo", {}, None, NAMES), rounds=4, n=5)
-    _, again = run_rounds(make_strategy("arbo", {}, None, NAMES), rounds=4, n=5)
+    state, proposed = run_rounds(make_strategy("history_search", {}, None, NAMES), rounds=4, n=5)
+    _, again = run_rounds(make_strategy("history_search", {}, None, NAMES), rounds=4, n=5)
     assert proposed == again
     seen = set()
     for texts in proposed:
@@ -193,11 +160,11 @@ def test_scores_only_view_hides_curves_from_the_proposer():
 
 
 def test_strategy_checkpoint_restore_gives_the_same_proposals(tmp_path):
-    strategy = make_strategy("arbo", {}, None, NAMES, workdir=tmp_path)
+    strategy = make_strategy("history_search", {}, None, NAMES, workdir=tmp_path)
     assert strategy.workdir == str(tmp_path)
     state, _ = run_rounds(strategy, rounds=3)
     arrays, data = strategy.checkpoint(state)
-    fresh = make_strategy("arbo", {}, None, NAMES)
+    fresh = make_strategy("history_search", {}, None, NAMES)
     restored = fresh.restore(fresh.init(jax.random.key(0)), arrays, data)
     assert restored.history == state.history == hist.load(tmp_path)
     key = jax.random.key(5)
@@ -205,25 +172,64 @@ def test_strategy_checkpoint_restore_gives_the_same_proposals(tmp_path):
 
 
 def test_ablation_names_and_config_errors():
-    no_belief = make_strategy("arbo_ablation:no_belief", {}, None, NAMES)
+    no_belief = make_strategy("history_search_ablation:no_belief", {}, None, NAMES)
     assert not no_belief.view.belief
     state, _ = run_rounds(no_belief, rounds=2)
     assert state.history.belief == hist.Belief()
-    assert make_strategy("arbo_ablation:scores_only", {}, None, NAMES).view.level == "scores"
-    assert make_strategy("arbo_ablation:explore_only", {}, None, NAMES).schedule.kind == "explore_only"
+    assert make_strategy("history_search_ablation:scores_only", {}, None, NAMES).view.level == "scores"
+    assert make_strategy("history_search_ablation:explore_only", {}, None, NAMES).schedule.kind == "explore_only"
+    greedy = make_strategy("history_search_ablation:greedy", {}, None, NAMES)
+    assert greedy.view == prop.View("full", "incumbent", False) and greedy.schedule == Schedule("exploit_only", 0)
+    agent = {name: make_strategy(f"arbo_ablation:{name}", {}, None, NAMES) for name in
+             ("no_belief", "no_observations", "scores_only", "retriever", "explore_only", "exploit_only", "no_framework")}
+    assert [agent[n].view.level for n in ("no_observations", "scores_only")] == ["none", "scores"]
+    assert agent["retriever"].view.scope == "retrieved" and agent["retriever"].view.k == 4
+    assert not agent["no_framework"].framework and not agent["no_framework"].view.belief
+    assert not agent["no_belief"].view.belief and agent["no_belief"].framework
+    assert agent["exploit_only"].schedule.kind == "exploit_only"
     assert read_settings({"arbo": {"patience": 4}}).schedule.patience == 4
+    assert read_settings({"arbo": {"history": "retrieved", "retrieve_k": 2}}).view.k == 2
     with pytest.raises(ConfigError, match="config.arbo.patience"):
         arbo_block({"arbo": {"patience": 0}})
     with pytest.raises(ConfigError, match="unknown fields"):
-        arbo_block({"arbo": {"patiense": 2}})
-    with pytest.raises(ConfigError, match="ablation"):
+        arbo_block({"arbo": {"proposer": "agent"}})   # the method names the proposer now
+    with pytest.raises(ConfigError, match="unknown arbo ablation 'no_history'"):
         arbo_block({}, "no_history")
+    with pytest.raises(ConfigError, match="unknown history_search_ablation:no_framework ablation"):
+        make_strategy("history_search_ablation:no_framework", {}, None, NAMES)
+    with pytest.raises(ConfigError, match="config.arbo.framework"):
+        make_strategy("history_search", {"arbo": {"framework": False}}, None, NAMES)
+    with pytest.raises(ConfigError, match="config.arbo.observations"):
+        make_strategy("history_search", {"arbo": {"observations": "none"}}, None, NAMES)
     with pytest.raises(ConfigError, match="config.arbo.agent.url"):
-        arbo_block({"arbo": {"proposer": "agent", "agent": {"url": "localhost:8000"}}})
+        make_strategy("arbo", {"arbo": {"agent": {"url": "localhost:8000"}}}, None, NAMES)
+    with pytest.raises(ConfigError, match="config.arbo.agent.checkpoint"):
+        make_strategy("eureka", {"arbo": {"agent": {"backend": "local"}}}, None, NAMES)
+    with pytest.raises(ConfigError, match="config.arbo.retrieve_k"):
+        make_strategy("arbo_ablation:retriever", {"arbo": {"retrieve_k": 0}}, None, NAMES)
+    # the structural proposer needs no endpoint: a bad url does not stop history_search
+    make_strategy("history_search", {"arbo": {"agent": {"url": "localhost:8000"}}}, None, NAMES)
+
+
+def test_retriever_shows_the_k_candidates_most_like_the_incumbent():
+    texts = ["g1+g2", "g3", "g1*g3+0.5*g2", "g1+0.5*g2", "min(g2,g3)"]
+    scores = [0.2, 0.1, 0.3, 0.6, 0.05]
+    records = [CandidateRecord(0, j, t, canonical(parse(t, NAMES)), True, None, s, {}) for j, (t, s) in
+               enumerate(zip(texts, scores))]
+    h = hist.append_round(hist.History(), records, [hist.Proposal(t, None, "op") for t in texts], "explore", None)
+    assert hist.similarity("g1+0.5*g2", "g1+0.5*g2") == 1.0
+    assert hist.similarity("g1+0.5*g2", "g1+g2") > hist.similarity("g1+0.5*g2", "min(g2,g3)")
+    shown = [o.text for o in hist.visible(h, scope="retrieved", k=2)]
+    assert shown == ["g1*g3+0.5*g2", "g1+0.5*g2"]   # the incumbent and its nearest, in history order
+    assert len(hist.visible(h, scope="retrieved", k=10)) == 5
+    assert [o.text for o in hist.retrieve(hist.History(observations=h.observations[:0]), 2)] == []
+    no_scores = dataclasses.replace(h, observations=tuple(dataclasses.replace(o, valid=False, reason="bad")
+                                                          for o in h.observations))
+    assert [o.text for o in hist.retrieve(no_scores, 2)] == ["g1+0.5*g2", "min(g2,g3)"]   # no incumbent: the latest
 
 
 def test_few_primitives_still_give_n_valid_proposals_and_update_checks_texts():
-    strategy = make_strategy("arbo", {}, None, ("correct", "format"))
+    strategy = make_strategy("history_search", {}, None, ("correct", "format"))
     state = strategy.init(jax.random.key(0))
     texts, plan = strategy.propose(state, jax.random.key(1), 8)
     assert len(texts) == 8 and all(check_text(t, ("correct", "format"))[1].ok for t in texts)

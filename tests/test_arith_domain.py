@@ -275,6 +275,7 @@ def all_primitives(rollout, context):
     return jnp.stack([fn(rollout, context) for fn in PRIMITIVE_FNS], axis=-1)
 
 
+@pytest.mark.slow
 def test_primitives_match_string_reference_jit_and_eager():
     rollout, context = random_rollouts(0, 1500)
     jitted = np.asarray(jax.jit(all_primitives)(rollout, context))

@@ -126,6 +126,7 @@ USER_ERRORS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", USER_ERRORS)
 def test_a_user_error_is_one_line_with_status_2(cases, name):
     completed, expected = cases[name]
@@ -138,6 +139,7 @@ def test_a_user_error_is_one_line_with_status_2(cases, name):
     assert completed.stdout == ""
 
 
+@pytest.mark.slow
 def test_nothing_is_written_where_the_checks_fail(cases):
     root = cases["_root"]
     for index in [*range(1, 19), 22]:  # the workdirs of the config, flag, expression and policy errors
@@ -145,12 +147,14 @@ def test_nothing_is_written_where_the_checks_fail(cases):
     assert sorted(os.listdir(root / "e19")) == []  # the data error released the lock and left nothing
 
 
+@pytest.mark.slow
 def test_a_stale_lock_is_taken_over_with_a_warning(cases):
     completed, _ = cases["data_missing"]  # ran in the workdir of a killed run, then stopped at its data
     assert f"stale lock of pid {cases['_stale_pid']} on host {socket.gethostname()}" in completed.stderr
     assert not os.path.exists(cases["_root"] / "stale" / "run.lock")
 
 
+@pytest.mark.slow
 def test_debug_adds_the_traceback_and_keeps_status_2(cases):
     completed, expected = cases["debug_shows_the_traceback"]
     assert completed.returncode == 2
@@ -158,6 +162,7 @@ def test_debug_adds_the_traceback_and_keeps_status_2(cases):
     assert completed.stderr.strip().splitlines()[-1].startswith(PREFIX + expected)
 
 
+@pytest.mark.slow
 def test_an_internal_error_keeps_its_traceback(cases):
     completed, _ = cases["internal_error"]
     assert completed.returncode == 1
@@ -172,13 +177,15 @@ def test_help_is_absl_help_not_an_error():
     assert PREFIX not in completed.stderr and "Traceback" not in completed.stderr
 
 
+@pytest.mark.slow
 def test_two_real_runs_on_one_workdir(tmp_path):
     """The second of two launcher runs on one workdir stops at once naming the first; the first goes on."""
     import json
     import time
 
     workdir = tmp_path / "shared"
-    args = [sys.executable, SCRIPT, "--noprogress", SMOKE, "--mode=final", "--expression=g1", f"--workdir={workdir}"]
+    args = [sys.executable, SCRIPT, "--noprogress", SMOKE, "--mode=final", "--expression=g1", f"--workdir={workdir}",
+            "--config.final.steps=100000"]  # long enough to still hold the lock when the second run starts
     first = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lock = workdir / "run.lock"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from absl import flags
 
-from derl_jax.meta import levels, stats
+from derl_jax.experiment import build, levels, stats
 from test_launch import invoke as launch_invoke
-from test_launch import load_launcher
-from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer
+from test_launch import load_launcher, use_fakes
+from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator
 
 HOUSEHOLD_SMOKE = os.path.join(REPO_ROOT, "configs", "household.py") + ":smoke"
 
@@ -28,9 +28,8 @@ def launcher(monkeypatch):
         built.append((cfg.domain.level, domain.info["test_kinds"], evaluator))
         return BASE_PARAMS, evaluator
 
-    monkeypatch.setattr(module, "build_inner", fake_inner)
-    monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
-    monkeypatch.setattr(module, "compare_workers", lambda cfg: 1)  # the fakes live in this process only
+    use_fakes(monkeypatch, None)
+    monkeypatch.setattr(build, "build_inner", fake_inner)
     module.built = built
     yield module
     flags.FLAGS.unparse_flags()
@@ -40,10 +39,11 @@ def invoke(module, *args: str) -> None:
     launch_invoke(module, "--mode=compare", *args, config=HOUSEHOLD_SMOKE)
 
 
+@pytest.mark.slow
 def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_path, capsys):
     """L0, L1, L2 in turn. L1 trains on L0's tasks: it reuses L0's searches and final policies and
     only tests, on its own split, with the results of an L1 compare run on its own."""
-    from derl_jax.meta.search import strip_wall_clock
+    from derl_jax.outer.search import strip_wall_clock
 
     invoke(launcher, f"--workdir={tmp_path}", "--config.compare.levels=('L0', 'L1', 'L2')",
            "--config.compare.seeds=(0, 1)", "--config.compare.methods=('outcome', 'derl')")

@@ -1,4 +1,4 @@
-"""A compare's runs shared out over processes (derl_jax/meta/workers.py, launch/run.py).
+"""A compare's runs shared out over processes (derl_jax/experiment/workers.py, launch/run.py).
 
 The automatic worker count, claims that hand each run to exactly one process, and the real
 launcher: two processes give the same results as one, and both did some of the runs.
@@ -17,7 +17,7 @@ import ml_collections
 import pytest
 
 from derl_jax.config import ConfigError
-from derl_jax.meta.workers import CLAIMS_DIR, MAX_AUTO_WORKERS, Claims, resolve_workers
+from derl_jax.experiment.workers import CLAIMS_DIR, MAX_AUTO_WORKERS, Claims, resolve_workers
 from test_search import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "launch", "run.py")
@@ -84,6 +84,7 @@ def _compare(workdir, workers: int) -> tuple[dict, str]:
         return json.load(handle), done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_results_of_one(tmp_path):
     one, _ = _compare(tmp_path / "one", 1)
     shutil.copytree(tmp_path / "one" / "base_policy", tmp_path / "two" / "base_policy")   # one warm start for both

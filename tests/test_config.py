@@ -5,10 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import primitives.registry  # noqa: F401  (registers the `primitives` check)
 from derl_jax import config as C
 from derl_jax.config import ConfigError
-from derl_jax.domains import registry
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import DOMAINS, register_domain
+from derl_jax.rl import checks  # noqa: F401  (registers `policy`, `inner`, `mesh`)
+
+# The blocks every run has; the outer loop's and the experiment's are tested with them (test_strategies).
+RUN_BLOCKS = ("run", "policy", "inner", "mesh", "domain", "primitives")
 
 
 def shared_config() -> dict:
@@ -31,9 +35,9 @@ def unit_domain():
     def check(cfg):
         C.int_at_least(cfg, "domain.size", 1)
 
-    register_domain(DomainSpec(name="unit_domain", build=lambda cfg: None, primitive_names=lambda cfg: ("g",), validate=check))
+    register_domain("unit_domain", primitive_names=lambda cfg: ("g",), validate=check)(lambda cfg: None)
     yield
-    registry._DOMAINS.pop("unit_domain", None)
+    DOMAINS.remove("unit_domain")
 
 
 def test_checkers_return_the_value_or_name_the_field():
@@ -65,16 +69,26 @@ def test_checkers_return_the_value_or_name_the_field():
 
 
 def test_validate_accepts_the_shared_blocks_and_runs_the_domain_check(unit_domain):
-    C.validate(shared_config())
+    C.validate(shared_config(), RUN_BLOCKS)
     cfg = shared_config()
     cfg["domain"]["size"] = 0
     with pytest.raises(ConfigError, match=r"^config\.domain\.size must be >= 1, got 0$"):
-        C.validate(cfg)
-    C.validate_shared(cfg)  # the generic part alone does not know the domain's fields
+        C.validate(cfg, RUN_BLOCKS)
+    C.validate(cfg, ("run", "policy", "inner", "mesh"))  # the blocks without the domain's own check
     cfg = shared_config()
     cfg["domain"]["kind"] = "no_such_domain"
     with pytest.raises(ConfigError, match=r"^config\.domain\.kind must be one of \(.*'unit_domain'.*got 'no_such_domain'$"):
-        C.validate(cfg)
+        C.validate(cfg, RUN_BLOCKS)
+    with pytest.raises(ValueError, match="unknown blocks"):
+        C.validate(cfg, ("inner", "nonsense"))
+
+
+def test_each_block_is_checked_by_its_owner_in_one_order():
+    from derl_jax.experiment import checks as experiment_checks  # noqa: F401  (imports every owner)
+
+    assert C.registered_checks() == C.BLOCK_ORDER
+    with pytest.raises(ValueError, match="block 'inner' is already checked by derl_jax.rl.checks"):
+        C.register_check("inner", lambda cfg: None)
 
 
 @pytest.mark.parametrize(
@@ -112,18 +126,18 @@ def test_validate_names_the_first_bad_field(unit_domain, path, value, message):
     section, _, field = path.rpartition(".")
     (cfg[section] if section else cfg)[field] = value
     with pytest.raises(ConfigError) as info:
-        C.validate(cfg)
+        C.validate(cfg, RUN_BLOCKS)
     assert str(info.value).startswith(message), str(info.value)
 
 
 def test_a_grpo_block_is_checked_like_the_inner_block(unit_domain):
     cfg = shared_config()
     cfg["grpo"] = {"clip_low": 0.2, "kl_kind": "k1"}
-    C.validate(cfg)
+    C.validate(cfg, RUN_BLOCKS)
     cfg["grpo"]["kl_kind"] = "k0"
     with pytest.raises(ConfigError, match=r"^config\.grpo\.kl_kind must be one of"):
-        C.validate(cfg)
+        C.validate(cfg, RUN_BLOCKS)
     cfg = shared_config()
     del cfg["inner"]["steps"]
     with pytest.raises(ConfigError, match=r"^config\.inner\.steps is missing$"):
-        C.validate(cfg)
+        C.validate(cfg, RUN_BLOCKS)

@@ -10,17 +10,17 @@ import pytest
 
 from configs import arith, common, gsm8k
 from configs import math as math_config
-from derl_jax.config import validate_shared
-from derl_jax.meta.strategies import ALL_METHODS
+from derl_jax.experiment.checks import validate_config
+from derl_jax.outer import ALL_METHODS
 
 PRESETS = {arith: ("default", "smoke"), math_config: ("default", "mixture", "tiny"), gsm8k: ("default", "mixture", "tiny")}
-SHARED_BLOCKS = ("inner", "meta", "outer", "evolution", "final", "compare", "mesh", "primitives")
+SHARED_BLOCKS = ("inner", "meta", "outer", "evolution", "final", "compare", "mesh", "primitives", "trust", "arbo")
 
 
 @pytest.mark.parametrize("module, preset", [(m, p) for m, ps in PRESETS.items() for p in ps])
-def test_every_preset_passes_the_shared_checks_and_has_every_shared_key(module, preset):
+def test_every_preset_passes_the_checks_and_has_every_shared_key(module, preset):
     cfg = module.get_config(preset)
-    validate_shared(cfg)
+    validate_config(cfg)
     reference = common.base("x", {}, {})
     for block in SHARED_BLOCKS:
         assert set(cfg[block].keys()) == set(reference[block].keys()), block  # every key overridable from the CLI

@@ -12,6 +12,8 @@ from benchmarks import device_check
 from derl_jax.plan import analytic
 from derl_jax.plan.analytic import RunShape
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEAK = 1e12
 

@@ -1,74 +1,109 @@
-"""Eureka-style greedy refinement: ARBO's operators with an incumbent-only history and no belief."""
+"""Eureka's loop: one call per round from the fixed prompt, n sampled replies, the reward reflection.
+
+The endpoint is `arbo_fakes.Replay` on 127.0.0.1; the search loop runs with the fake evaluator.
+(The greedy refinement `eureka` used to name is `history_search_ablation:greedy`, checked
+against its old histories in test_history_search.py.)
+"""
+
+import dataclasses
+import json
 
 import jax
 import numpy as np
+import pytest
 
-from derl_jax.expr.canonical import canonical
-from derl_jax.expr.check import check_text
-from derl_jax.meta.arbo import history as hist
-from derl_jax.meta.arbo.proposer import View
-from derl_jax.meta.arbo.schedule import Schedule
-from derl_jax.meta.strategies import CandidateRecord, make_strategy
-from derl_jax.meta.strategies.arbo import ArboStrategy
-from derl_jax.meta.strategies.eureka import EurekaStrategy
+from arbo_fakes import ARITH, ARITH_NAMES, Replay, completion, fake_records, fake_search
+from derl_jax.logging import read_jsonl
+from derl_jax.methods.arbo import history as hist
+from derl_jax.methods.arbo.eureka import EurekaStrategy, extract_expression, messages_for, reflected
+from derl_jax.outer import make_strategy
 
-NAMES = ("correct", "format", "steps")
-STEPS = 8
-TRAJECTORY = np.stack([np.linspace(0.1, 0.7, STEPS), np.full(STEPS, 0.98), np.zeros(STEPS)], 1).astype(np.float32)
+NAMES = ARITH_NAMES
 
 
-def records_for(iteration, texts):
-    """Fake oracle: score = how much of the reward's response is to g1 (NumPy); curves from TRAJECTORY."""
-    out = []
-    for j, text in enumerate(texts):
-        tree, validity = check_text(text, NAMES)
-        assert tree is not None and validity.ok, text
-        from derl_jax.expr.vm import evaluate_numpy
-
-        probe = evaluate_numpy(tree, np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32), 0.5)
-        effects = np.abs(probe[1:] - probe[0])
-        score = round(float(0.9 * effects[0] / (effects.sum() + 1e-6)), 6)   # share of the reward that is g1
-        curves = {"reward_mean": np.linspace(0, 1, STEPS, dtype=np.float32),
-                  **{f"primitive/{n}": TRAJECTORY[:, i] for i, n in enumerate(NAMES)}}
-        out.append(CandidateRecord(iteration, j, text, canonical(tree), True, None, score, curves))
-    return out
+@pytest.mark.parametrize("reply, expected", [
+    ("```reward\ng1+0.5*g2\n```", "g1+0.5*g2"),
+    ("Here:\n```python\n# shaping\nreward = g1 + 0.1*g3;\n```\nthat is all", "g1 + 0.1*g3"),
+    ("```\ng1\ng1*(1+g2)\n```", "g1*(1+g2)"),
+    ("I would use reward: g1*g3 here.\nreward = min(g1, g2)", "min(g1, g2)"),
+    ("```reward\ng1+(g2\n", "g1+(g2"),     # an unclosed block is still read; the checker rejects it
+    ("no idea, sorry", ""),
+])
+def test_extract_expression(reply, expected):
+    assert extract_expression(reply)[0] == expected
+    assert extract_expression("no idea")[1] == "no expression in the reply"
 
 
-def test_eureka_refines_the_incumbent_every_round_and_keeps_no_belief():
-    strategy = make_strategy("eureka", {}, None, NAMES)
-    assert isinstance(strategy, EurekaStrategy)
-    assert strategy.schedule.kind == "exploit_only" and strategy.view == View("full", "incumbent", False)
-    state = strategy.init(jax.random.key(0))
-    for r in range(4):
-        incumbent = hist.incumbent(state.history)
-        texts, plan = strategy.propose(state, jax.random.fold_in(jax.random.key(0), r), 4)
+def test_reflection_is_on_the_best_of_the_latest_round_that_scored():
+    curves = {"reward_mean": np.linspace(0, 1, 5, dtype=np.float32), "primitive/correct": np.linspace(0.1, 0.6, 5)}
+    h = hist.History()
+    rounds = [[("g1+g2", 0.3, None), ("g1*g3", 0.2, None)], [("g1+g3", 0.25, None), ("g1/g2", 0.0, "non-finite")],
+              [("g2+", 0.0, "parse error")]]
+    for r, group in enumerate(rounds):
+        records = fake_records(r, [t for t, _, _ in group], NAMES)
+        records = [dataclasses.replace(rec, score=s, reason=why, valid=why != "parse error", curves=curves)
+                   for rec, (_, s, why) in zip(records, group)]
+        h = hist.append_round(h, records, [hist.Proposal(t, None, "eureka") for t, _, _ in group], "explore", None)
         if r == 0:
-            assert plan.mode == "explore" and all(p.parent is None for p in plan.proposals)
-        else:
-            assert plan.mode == "exploit" and all(p.parent == incumbent.id for p in plan.proposals)
-        assert plan.belief is None
-        records = records_for(r, texts)
-        state = strategy.update(state, records, np.array([x.score for x in records], np.float32), plan)
-    assert state.history.belief == hist.Belief()
-    scores = [o.score for o in state.history.observations]
-    assert max(scores[4:]) > max(scores[:4])   # greedy refinement found a better reward
+            assert reflected(h).text == "g1+g2"
+    assert reflected(h).text == "g1+g3"   # not the overall best (g1+g2): Eureka goes on from the latest round
+    messages, best = messages_for(h, "TASK")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"] and best.id == 2
+    assert messages[2]["content"] == "```reward\ng1+g3\n```"
+    assert "validation accuracy is 0.2500" in messages[3]["content"]
+    assert "primitive/correct: 0.1 -> 0.6" in messages[3]["content"] and "reward_mean: 0 -> 1" in messages[3]["content"]
+    assert messages_for(hist.History(), "TASK")[0][1:] == [{"role": "user", "content": "TASK"}]
 
 
-def test_eureka_sees_only_the_incumbent():
-    """Two histories with the same incumbent but different other candidates: same proposals."""
-    strategy = make_strategy("eureka", {}, None, NAMES)
-    best = records_for(0, ["g1+0.5*g2"])[0]
-    best = CandidateRecord(0, 0, best.text, best.canonical, True, None, 0.9, best.curves)
-    histories = []
-    for others in (["g2", "g3+g1"], ["g1", "g1+g2"]):   # the second holds two edits of the incumbent
-        records = [best] + [CandidateRecord(0, j + 1, t, canonical(check_text(t, NAMES)[0]), True, None, 0.1, {})
-                            for j, t in enumerate(others)]
-        proposals = [hist.Proposal(rec.text, None, "explore_sum") for rec in records]
-        histories.append(hist.append_round(hist.History(), records, proposals, "explore", None))
-    key = jax.random.key(4)
-    first, second = (strategy.propose(strategy.init(key).__class__(history=h), key, 5)[0] for h in histories)
-    assert first == second
-    assert {"g1", "g1+g2"} <= set(first)
-    arbo = ArboStrategy(NAMES, schedule=Schedule("exploit_only", 0))   # sees them all: never repeats one
-    repeats = arbo.propose(arbo.init(key).__class__(history=histories[1]), key, 5)[0]
-    assert not {"g1", "g1+g2"} & set(repeats)
+def test_eureka_searches_end_to_end_against_the_replay_server(tmp_path):
+    """Three rounds: n replies from one call (one without an expression); a server that returns
+    fewer choices than asked (asked again) with an unparseable reply; then a failing endpoint."""
+    script = [
+        completion(["```reward\ng1+0.5*g3\n```", "I would use reward = g1*(1+g2)", "no idea"], n=3),
+        completion(["```reward\ng1+(g2\n```", "```\nreward = 2*g1+0.5*g3\n```"], n=2),
+        completion("```reward\ng1+0.25*g3\n```"),
+        (500, b"down"), (500, b"down"),
+    ]
+    with Replay(script) as server:
+        cfg = {**ARITH, "arbo": {"task": "arithmetic", "agent": {"url": server.url}}}
+        strategy = make_strategy("eureka", cfg, None, NAMES, workdir=tmp_path)
+        assert isinstance(strategy, EurekaStrategy)
+        fake_search(strategy, str(tmp_path), iterations=3, n=3, names=NAMES)
+    records = read_jsonl(tmp_path / "history.jsonl")
+    assert [r["text"] for r in records] == ["g1+0.5*g3", "g1*(1+g2)", "", "g1+(g2", "2*g1+0.5*g3", "g1+0.25*g3",
+                                            "", "", ""]
+    assert [r["valid"] for r in records] == [True, True, False, False, True, True, False, False, False]
+    assert records[2]["reason"].startswith("parse error") and records[3]["reason"].startswith("parse error")
+    history = hist.load(tmp_path)
+    assert [e.note for e in history.lineage][:3] == ["read from the code block", "read from the reward line",
+                                                     "no expression in the reply"]
+    assert history.lineage[8].note.startswith("no reply: ") and "HTTP 500" in history.lineage[8].note
+    assert [e.parent for e in history.lineage] == [None] * 3 + [1] * 3 + [4] * 3
+    bodies = [r["body"] for r in server.requests]
+    assert len(bodies) == 5 and all("tools" not in b for b in bodies)
+    assert [b["n"] for b in bodies] == [3, 3, 1, 3, 3] and bodies[2]["seed"] == bodies[1]["seed"] + 1
+    task = bodies[0]["messages"][1]["content"]
+    assert "on arithmetic" in task and "def correct(rollout, context)" in task and len(bodies[0]["messages"]) == 2
+    assert bodies[1]["messages"][2]["content"] == "```reward\ng1*(1+g2)\n```"
+    assert "validation accuracy is 0.8" in bodies[1]["messages"][3]["content"]
+    assert bodies[3]["messages"][2]["content"] == "```reward\n2*g1+0.5*g3\n```"
+    assert bodies[1]["messages"][:2] == bodies[0]["messages"]   # the prompt is fixed
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [m["strategy/eureka_extracted"] for m in metrics] == [2, 3, 0]
+    assert [m["strategy/eureka_backend_errors"] for m in metrics] == [0, 0, 2]
+    saved = json.loads((tmp_path / "arbo" / "history.json").read_text())
+    assert saved["method"] == "eureka" and saved["proposer"] == "eureka"
+    transcript = json.loads((tmp_path / "arbo" / "transcripts" / "round_0.json").read_text())
+    assert transcript["replies"][2] == "no idea"
+
+
+def test_eureka_keeps_no_belief_and_checks_its_records():
+    with Replay([completion(["```reward\ng1+g3\n```", "```reward\ng1*g2\n```"], n=2)]) as server:
+        strategy = make_strategy("eureka", {"arbo": {"agent": {"url": server.url}}}, None, NAMES)
+        state = strategy.init(jax.random.key(0))
+        texts, plan = strategy.propose(state, jax.random.key(1), 2)
+    assert texts == ["g1+g3", "g1*g2"] and plan.belief is None and plan.mode == "explore"
+    records = fake_records(0, texts[::-1], NAMES)
+    with pytest.raises(ValueError, match="not the texts this round proposed"):
+        strategy.update(state, [dataclasses.replace(r, index=j) for j, r in enumerate(records)],
+                        np.array([r.score for r in records], np.float32), plan)

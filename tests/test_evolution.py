@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from derl_jax.expr.ast import Binary, Call, Num, Prim, Unary, Var, depth, node_count, primitive_indices, walk
-from derl_jax.meta import evolution as evo
-from derl_jax.meta.evolution import (
+from derl_jax.methods.evolution import operators as evo
+from derl_jax.methods.evolution.operators import (
     MAX_DEPTH,
     MAX_NODES,
     crossover,
@@ -19,7 +19,7 @@ from derl_jax.meta.evolution import (
     replace_subtree_at,
     subtree_at,
 )
-from derl_jax.meta.evolution_population import (
+from derl_jax.methods.evolution.population import (
     EvolutionState,
     expr_from_data,
     expr_to_data,

@@ -125,6 +125,7 @@ class LeafRuleTest(chex.TestCase):
         np.testing.assert_array_equal(settle(x, xp=np), want)
 
     @chex.variants(with_jit=True, without_jit=True)
+    @pytest.mark.slow
     def test_leaf_values_follow_the_rule(self):
         trees = [parse(e, NAMES[:2]) if isinstance(e, str) else e for e, _, _, _ in LEAF_CASES]
         with np.errstate(over="ignore"):  # 1e39 becomes inf when compiled to float32

@@ -163,6 +163,7 @@ def close(actual, expected, error_bound):
 # ----------------------------------------------------------------------------- properties
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(exprs(NUM_PRIMS, max_leaves=16), st.sampled_from([0.0, 0.3, 1.0]))
 def test_vm_matches_python_reference(expr, u):
@@ -183,6 +184,7 @@ def test_vm_matches_python_reference(expr, u):
 _SYMBOLS = sympy.symbols("g1:5 u", real=True)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(exprs(NUM_PRIMS, max_leaves=10, nice_only=True))
@@ -206,6 +208,7 @@ def test_vm_matches_sympy_lambdify(expr):
     assert np.all(close(got[ok], lam[ok], error[ok])), (to_text(expr), got[ok], lam[ok])
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(exprs(NUM_PRIMS, max_leaves=12), min_size=8, max_size=8))
 def test_vmap_batch_equals_one_by_one(batch):
@@ -219,6 +222,7 @@ def test_vmap_batch_equals_one_by_one(batch):
         np.testing.assert_allclose(chunked, singles, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_jit_equals_eager():
     program = compile_expr(parse("clip(g1/(g2+1), u, 1) - abs(g4)**1.5 + g1/g3"))
     jitted = np.asarray(_jit_evaluate(program, POINTS, 0.5))
@@ -329,6 +333,7 @@ def test_evaluate_numpy_accepts_programs_and_checks_columns():
         evaluate_numpy(program, POINTS[:, :2], 0.0)
 
 
+@pytest.mark.slow
 def test_threaded_batch_equals_evaluate_batch():
     texts = ["g1+g2", "g3**2 - u", "clip(g1, 0, 1)**0.5", "max(g1, g2)/(g3+1)", "abs(g4)**3"]
     programs = stack_programs([compile_expr(parse(t)) for t in texts])
@@ -383,6 +388,7 @@ def test_power_constant_exponent_paths_keep_the_rules():
         ("max(g1, g2)/(g3+1)", 3),
     ],
 )
+@pytest.mark.slow
 def test_micro_ops_read_leaves_in_place_and_absorb_unary_operators(text, steps):
     program = compile_expr(parse(text))
     assert int(_decode(program.ops, program.args, program.size, NUM_PRIMS, 0.5)[-1]) == steps
@@ -421,6 +427,7 @@ def test_nops_anywhere_change_nothing(expr, positions, u):
     np.testing.assert_array_equal(evaluate_numpy(padded, POINTS, u), evaluate_numpy(program, POINTS, u))
 
 
+@pytest.mark.slow
 def test_batch_paths_agree_on_uneven_batches_with_empty_programs():
     texts = ["g1*g2 - u", "clip(g1/(g2+1), u, 1) - abs(g4)**1.5", None, "-(g3**0.5)", "g1" + "+g2*u" * 12]
     empty = Program(ops=np.zeros(MAX_PROGRAM_LENGTH, np.int32), args=np.zeros(MAX_PROGRAM_LENGTH, np.float32),
@@ -441,6 +448,7 @@ def test_batch_paths_agree_on_uneven_batches_with_empty_programs():
         np.testing.assert_array_equal(got, want, err_msg=f"threads={threads} chunk={chunk}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("u", [2.0, 3.0, 0.5, 1.5, -1.0])
 def test_power_with_a_scalar_exponent_from_u_keeps_the_rules(u):
     # u as the exponent is a scalar known only at run time: 2, 3, 0.5 take the special paths

@@ -82,6 +82,7 @@ def samples():
     return grammar, np.asarray(ids), limits, np.asarray(any_allowed), final
 
 
+@pytest.mark.slow
 def test_every_sample_parses_compiles_and_ends_in_budget(samples):
     grammar, ids, limits, any_allowed, final = samples
     assert any_allowed.all(), "a state with an empty mask was reached"
@@ -104,6 +105,7 @@ def test_samples_reencode_to_the_same_ids(samples):
         assert grammar.encode(grammar.decode(row)) == row[: end + 1].tolist()
 
 
+@pytest.mark.slow
 def test_long_samples_respect_text_and_node_limits():
     grammar = G.make_grammar(12, 400, max_depth=MAX_NESTING)
     batch = 256
@@ -190,6 +192,32 @@ def test_numbers():
     assert allowed_after(GRAMMAR, "1.23") == AFTER_OPERAND | digits | {G.EOS}
     assert allowed_after(GRAMMAR, "1.234") == AFTER_OPERAND | {G.EOS}
     assert allowed_after(GRAMMAR, "g1") == AFTER_OPERAND | {G.EOS}
+
+
+def test_max_decimals_sets_the_digits_after_the_point():
+    digits = set(G.DIGIT_SYMBOLS)
+    eight = G.make_grammar(4, 48, max_decimals=8)
+    assert GRAMMAR.max_decimals == G.MAX_FRACTION_DIGITS == 3
+    assert allowed_after(eight, "1.234") == AFTER_OPERAND | digits | {G.EOS}
+    assert allowed_after(eight, "0.0000000") == AFTER_OPERAND | digits | {G.EOS}
+    assert allowed_after(eight, "0.00000001") == AFTER_OPERAND | {G.EOS}
+    assert eight.encode("g1+0.00000001*g4")[-1] == eight.eos_id
+    with pytest.raises(ValueError, match="symbol '1' at character 13 is not allowed inside the decimal part"):
+        eight.encode("g1+0.000000001")
+    for bad in (0, G.MAX_DECIMALS + 1, True, 2.0):
+        with pytest.raises(ValueError, match="max_decimals must be an int"):
+            G.make_grammar(4, 10, max_decimals=bad)
+
+
+def test_encode_prefix_accepts_what_the_automaton_could_continue():
+    assert GRAMMAR.encode_prefix("min(g1,") == GRAMMAR.encode("min(g1,g2)")[:3]
+    assert GRAMMAR.encode_prefix("") == []
+    with pytest.raises(ValueError, match=r"symbol '\)' at character 6 is not allowed"):
+        GRAMMAR.encode_prefix("min(g1)")
+    tight = G.make_grammar(4, 6)
+    tight.encode_prefix("abs(g1")             # abs(g1) <eos> still fits in 6
+    with pytest.raises(ValueError, match="too little room to finish within max_length=6"):
+        tight.encode_prefix("abs(g1+g2+")
 
 
 def test_budget_leaves_only_closing_symbols():

@@ -12,8 +12,8 @@ import shutil
 import pytest
 
 from derl_jax.logging import read_jsonl
-from derl_jax.meta.resume import JOURNAL_DIR
-from derl_jax.meta.search import strip_wall_clock
+from derl_jax.outer.resume import JOURNAL_DIR
+from derl_jax.outer.search import strip_wall_clock
 from test_search import run_fake_search
 
 ITERATIONS, CANDIDATES = 3, 4  # lines per iteration: CANDIDATES in history, 1 in metrics

@@ -13,7 +13,7 @@ import pytest
 from derl_jax.parallel import HOST_DEVICE_FLAG, host_device_flags
 from derl_jax.rl.config import inner_config
 from derl_jax.rl.placement import AUTO_DATA_MAX_PARAMS, auto_data_size
-from test_launch import load_launcher
+from derl_jax.experiment import runtime
 from test_search import get_config
 
 SMALL = 100_000
@@ -61,8 +61,7 @@ def test_host_device_flags(flags_in, cores, flags_out):
 
 
 def test_the_launcher_adds_host_devices_only_for_an_automatic_one_process_data_axis(monkeypatch):
-    launcher = load_launcher()
-    monkeypatch.setattr("derl_jax.parallel.host_cores", lambda: 2)
+    monkeypatch.setattr(runtime, "host_cores", lambda: 2)
     for mesh, mode, env, added in [
         ({}, "search", {}, True),
         ({}, "final", {}, True),
@@ -73,13 +72,12 @@ def test_the_launcher_adds_host_devices_only_for_an_automatic_one_process_data_a
         ({}, "search", {"JAX_COORDINATOR_ADDRESS": "localhost:1234"}, False),
     ]:
         environ = dict(env, XLA_FLAGS="--xla_dump_to=/tmp/x")
-        launcher.make_host_devices(config(**mesh), mode, environ)
+        runtime.make_host_devices(config(**mesh), mode, environ)
         expected = "--xla_dump_to=/tmp/x" + (f" {HOST_DEVICE_FLAG}=2" if added else "")
         assert environ["XLA_FLAGS"] == expected, (mesh, mode, env)
 
 
 def test_a_compare_run_keeps_one_core(monkeypatch):
     """A compare's workers use the cores, and its results must not depend on how many there are."""
-    launcher = load_launcher()
-    monkeypatch.setattr("derl_jax.parallel.host_cores", lambda: 4)
-    assert (launcher.run_cores("search"), launcher.run_cores("final"), launcher.run_cores("compare")) == (4, 4, 1)
+    monkeypatch.setattr(runtime, "host_cores", lambda: 4)
+    assert (runtime.run_cores("search"), runtime.run_cores("final"), runtime.run_cores("compare")) == (4, 4, 1)

@@ -28,6 +28,7 @@ def domain():
     return spec.build(config())
 
 
+@pytest.mark.slow
 def test_domain_splits_are_the_level_splits(domain):
     train, test = T.level_splits("L2", 4, 24, 12)
     for name in ("kind", "obj_type", "obj_loc", "recep_type", "description"):
@@ -76,6 +77,7 @@ def test_bad_config_fields_are_named(field, value, message):
         get_domain("household").validate(bad_rate)
 
 
+@pytest.mark.slow
 def test_corpus_texts_encode_back_to_the_played_turns(domain):
     holdout = [0, 3]
     texts = domain.corpus(7, holdout, {"sft_perturb_rate": 0.25})
@@ -96,6 +98,7 @@ def test_corpus_texts_encode_back_to_the_played_turns(domain):
         domain.corpus(7, [99], {})
 
 
+@pytest.mark.slow
 def test_a_prompt_budget_caps_the_corpus_and_rollout_prompts():
     """At a budget, corpus prompts are the full-window prompts cut to their newest tokens (the
     task whole), and the encoder pads them to the budget: nothing longer reaches the warm start."""
@@ -119,6 +122,7 @@ def test_a_prompt_budget_caps_the_corpus_and_rollout_prompts():
     words.encode_batch([p for p, _ in texts], capped.prompt_length, left_pad=True, add_bos=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("self_guide", [False, True])
 def test_every_corpus_completion_fits_the_generation_budget_with_eos(self_guide):
     """All-random turns (the longest word strings included) end in <eos> within max_new_tokens,
@@ -134,7 +138,7 @@ def test_every_corpus_completion_fits_the_generation_budget_with_eos(self_guide)
 def test_config_presets_pass_every_check(preset):
     from configs import common, household
     from derl_jax.config import validate
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     cfg = household.get_config(preset)
     validate(cfg)

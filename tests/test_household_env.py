@@ -1,5 +1,6 @@
 """Household environment: step semantics and meta-tag step scores on hand-worked rooms."""
 
+import pytest
 import jax
 import numpy as np
 
@@ -68,6 +69,7 @@ def test_reset_lists_the_room():
     assert int(episode.state.agent_loc) == -1 and int(episode.state.turn) == 0
 
 
+@pytest.mark.slow
 def test_go_take_put_open_close_and_failures():
     e = Episode(hand_task(T.PICK, "apple", "cabinet"))
     e.act("act take apple 1 from countertop 1", NOTHING)               # not there yet

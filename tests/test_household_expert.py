@@ -36,6 +36,7 @@ def mixed_run(tasks):
     return play(tasks, 1, 0.25)
 
 
+@pytest.mark.slow
 def test_expert_solves_every_task_with_correct_tags(tasks, expert_run):
     _, _, actions, episodes = expert_run
     kinds = np.asarray(tasks.kind)
@@ -53,6 +54,7 @@ def test_expert_solves_every_task_with_correct_tags(tasks, expert_run):
     assert np.all(actions[:, 0, 0] == vocab.TAG_IDS[vocab.PLAN])
 
 
+@pytest.mark.slow
 def test_same_key_same_episodes(tasks, expert_run, mixed_run):
     again = play(tasks, 1, 0.25)
     for name, value in mixed_run[3].items():

@@ -87,6 +87,7 @@ def results(base, evaluator, programs):
 # ----------------------------------------------------------------------------- one K=3 run
 
 
+@pytest.mark.slow
 def test_results_have_one_row_per_candidate_and_step(base, evaluator, results):
     assert results.scores.shape == (3,) and results.scores.dtype == np.float32
     assert set(results.curves) == set(evaluator.search_loop.metric_names)
@@ -105,6 +106,14 @@ def test_results_have_one_row_per_candidate_and_step(base, evaluator, results):
     assert np.all(curves["clip_fraction"] >= 0) and np.all(curves["clip_fraction"] <= 1)
     np.testing.assert_allclose(curves["kl"][:, 0], 0.0, atol=1e-6)  # step 0 updates the reference itself
     np.testing.assert_allclose(curves["kl"][2], 0.0, atol=1e-6)  # the NaN program never moves the policy
+
+
+def test_item_scores_are_each_examples_greedy_success_and_average_to_the_accuracy(base, evaluator):
+    items = evaluator.item_scores(base.params, base.validation)
+    assert items.shape == (base.validation.size,) and set(np.unique(items)) <= {0.0, 1.0}
+    assert evaluator.accuracy(base.params, base.validation) == pytest.approx(float(items.mean()), abs=1e-7)
+    first = base.validation.take(np.arange(3))   # the same policy on the first rows alone
+    np.testing.assert_array_equal(evaluator.item_scores(base.params, first), items[:3])
 
 
 def test_nan_program_gives_zero_rewards_counted_and_no_update(base, results):
@@ -138,6 +147,7 @@ def test_accuracy_matches_a_text_level_reference(base, evaluator):
     assert evaluator.accuracy(base.params, validation) == pytest.approx(reference, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_vmapped_candidates_equal_separate_train_calls(base, evaluator, programs, results):
     keys = evaluator.candidate_keys(KEY, 3)
     for k in range(3):
@@ -148,6 +158,7 @@ def test_vmapped_candidates_equal_separate_train_calls(base, evaluator, programs
     assert evaluator.cache_sizes()["train"] == 1  # one compilation for the three programs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size, kl_metric", [(1, True), (3, False)])
 def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
     # the tiny SFT policy of the sharding tests: cheap to compile, and its rollouts differ in reward
@@ -165,6 +176,7 @@ def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
         np.testing.assert_allclose(values, vmapped.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_common_random_numbers_make_affine_equivalent_rewards_train_alike():
     # group-normalised advantages do not change under r -> a*r + b (a > 0): with one shared key
     # the two candidates train the same policy; with split keys they see different rollouts
@@ -184,6 +196,7 @@ def test_common_random_numbers_make_affine_equivalent_rewards_train_alike():
     assert_trees_close(row(apart.params, 2), split.train_final(row(programs, 2), params, keys[2], train)[0])
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_and_programs_are_data(base, evaluator, results):
     compiled = evaluator.cache_sizes()
     assert compiled["train_many"] == 1
@@ -205,6 +218,7 @@ def test_every_primitive_carries_signal_in_the_base_policys_rollouts(base, resul
     assert all(0.05 < value < 0.95 for value in step_zero.values())
 
 
+@pytest.mark.slow
 def test_loop_dispatch_equals_batched(base, evaluator, programs, results):
     looped = evaluator.with_dispatch("loop").evaluate_candidates(programs, base.params, KEY, base.inner_train,
                                                                  base.validation)

@@ -55,6 +55,7 @@ def assert_results_close(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape, chunk_size", [((4, 2, 1), 0), ((2, 2, 2), 2)])
 def test_sharded_candidates_equal_the_unsharded_run(mesh_shape, chunk_size):
     domain, graphdef, params, programs, train, validation = setup()
@@ -93,6 +94,7 @@ def test_a_chunk_size_that_the_cand_axis_does_not_divide_is_rejected():
         loop.make_inner_loop(domain, graphdef, INNER.replace(prompts_per_step=3), make_mesh(2, 4, 1))
 
 
+@pytest.mark.slow
 def test_rows_over_data_meet_once_per_step():
     """With rollouts over a 'data' axis of 2, a training step's only collective is the update's
     one all-reduce of a flat buffer holding every gradient entry, metric sum and count: no

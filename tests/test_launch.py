@@ -1,9 +1,9 @@
-"""launch/run.py: flag parsing, config overrides and validation, the three modes.
+"""launch/run.py and `derl_jax.experiment.run`: flag parsing, config overrides and validation, the modes.
 
 The CLI is driven in-process with absl's flag parser; the domain is the real arith domain
 (from the registry), the inner loop and the Meta-Optimizer are the fakes of test_search
-(replacing `build_inner` and `OPTIMIZER_FACTORY`, the module's two seams). One test runs the
-real script in a subprocess; tests/test_cli_errors.py runs every user error through it.
+(`derl_jax.experiment.build.build_inner` replaced, and `run`'s `optimizer_factory`). One test
+runs the real script in a subprocess; tests/test_cli_errors.py runs every user error through it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import pytest
 from absl import flags
 
 from derl_jax.config import ConfigError
+from derl_jax.experiment import build, compare, runtime
+from derl_jax.experiment import run as experiment_run
 from derl_jax.parallel import HOST_DEVICE_FLAG, host_cores
 from derl_jax.rl.config import inner_config
 from derl_jax.rl.placement import auto_data_size
@@ -38,19 +40,24 @@ def load_launcher():
     return sys.modules["derl_launch_run"]
 
 
+def use_fakes(monkeypatch, evaluator, domain_name: str = "arith") -> None:
+    """The fake inner loop and Meta-Optimizer of test_search in every run of this process."""
+    def fake_inner(domain, cfg, workdir, host_cores=None):
+        assert domain.name == domain_name and os.path.isfile(os.path.join(workdir, "run.lock"))  # built under the lock
+        return BASE_PARAMS, evaluator
+
+    real_run = experiment_run.run
+    monkeypatch.setattr(build, "build_inner", fake_inner)
+    monkeypatch.setattr(experiment_run, "run",
+                        lambda *args, **kwargs: real_run(*args, **kwargs, optimizer_factory=FakeMetaOptimizer))
+    monkeypatch.setattr(compare, "compare_workers", lambda cfg: 1)  # the fakes live in this process only
+
+
 @pytest.fixture
 def launcher(monkeypatch):
     module = load_launcher()
-    evaluator = FakeEvaluator()
-
-    def fake_inner(domain, cfg, workdir, host_cores=None):
-        assert domain.name == "arith" and os.path.isfile(os.path.join(workdir, "run.lock"))  # built under the lock
-        return BASE_PARAMS, evaluator
-
-    monkeypatch.setattr(module, "build_inner", fake_inner)
-    monkeypatch.setattr(module, "OPTIMIZER_FACTORY", FakeMetaOptimizer)
-    monkeypatch.setattr(module, "compare_workers", lambda cfg: 1)  # the fakes live in this process only
-    module.fake_evaluator = evaluator
+    module.fake_evaluator = FakeEvaluator()
+    use_fakes(monkeypatch, module.fake_evaluator)
     yield module
     flags.FLAGS.unparse_flags()
 
@@ -71,6 +78,7 @@ def invoke(module, *args: str, config: str = SMOKE) -> None:
         sys.argv = saved_argv
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_config_value_naming_the_field(tmp_path):
     completed = subprocess.run(
         [sys.executable, SCRIPT, f"--config={SMOKE}", "--config.outer.num_candidates=1", f"--workdir={tmp_path}"],
@@ -137,22 +145,20 @@ def test_compare_mode_writes_the_report(launcher, tmp_path, capsys):
 
 
 def test_defaults_and_domain_kind(tmp_path):
-    module = load_launcher()
     cfg = get_config("smoke")
-    assert module.default_workdir(cfg) == os.path.join("runs", "arith_smoke")
-    domain = module.build_domain(cfg)
+    assert experiment_run.default_workdir(cfg) == os.path.join("runs", "arith_smoke")
+    domain = build.build_domain(cfg)
     assert domain.primitive_names == ("correct", "boxed", "steps", "gold_anywhere") and domain.train.size == 40
     cfg.domain.kind = "chess"
     with pytest.raises(ConfigError, match=r"^config.domain.kind must be one of \(.*'arith'.*'math'.*\), got 'chess'$"):
-        module.build_domain(cfg)
+        build.build_domain(cfg)
     with pytest.raises(ConfigError, match="got 'chess'"):
-        module.plan(cfg, str(tmp_path / "w"), "search")
+        experiment_run.check_inputs(cfg, str(tmp_path / "w"), "search")
     assert not os.path.exists(tmp_path / "w")  # the config is checked before the run directory is made
 
 
 def test_compile_cache_directory_resolution():
-    launcher = load_launcher()
-    resolve = launcher.compile_cache_dir
+    resolve = runtime.compile_cache_dir
     env = {"JAX_COMPILATION_CACHE_DIR": "/cache/env"}
     assert resolve(None, "runs/x", {}, 1) == os.path.join("runs/x", "compile_cache")
     assert resolve(None, "runs/x", env, 1) == "/cache/env"
@@ -163,6 +169,7 @@ def test_compile_cache_directory_resolution():
     assert resolve("  ", "runs/x", {}, 1) is None
 
 
+@pytest.mark.slow
 def test_a_run_fills_its_compile_cache_and_a_run_reading_it_gives_the_same_result(tmp_path):
     """Also: with no host device count in XLA_FLAGS the launcher makes one host device per core
     and the automatic 'data' axis splits the steps over them (tests/test_host_cores.py)."""

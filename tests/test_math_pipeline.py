@@ -23,7 +23,8 @@ from derl_jax.domains import math as math_domain
 from derl_jax.domains.math_data import MathDataError
 from derl_jax.expr import compile_expr, parse, stack_programs
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta import protocol
+from derl_jax.experiment import protocol
+from derl_jax.experiment.checks import validate_config
 from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir, math_prompt
 from derl_jax.parallel import make_mesh
 from derl_jax.rl import host_batches, host_loop, placement, rollout, setup
@@ -79,7 +80,7 @@ def tiny_config(assets, **domain):
 @pytest.fixture(scope="module")
 def run(assets):
     cfg = tiny_config(assets)
-    protocol.validate_config(cfg)
+    validate_config(cfg)
     domain = math_domain.make_math_domain(cfg)
     base_params, evaluator = setup.build_inner(domain, cfg, None)
     yield cfg, (domain, base_params, evaluator)
@@ -143,7 +144,7 @@ def test_every_preset_passes_both_validators():
     for name in ("math", "gsm8k"):
         for preset in ("default", "mixture", "tiny"):
             cfg = load_config(name, preset)
-            protocol.validate_config(cfg)
+            validate_config(cfg)
             math_domain.validate_math_config(cfg)
     paper = load_config("math", "default")
     assert (paper.inner.group_size, paper.inner.lr, paper.inner.kl, paper.inner.kl_kind) == (5, 1e-6, 0.001, "k3")
@@ -213,15 +214,18 @@ def torch_greedy_texts(model, domain, dataset, max_new_tokens):
     return texts
 
 
+@pytest.mark.slow
 def test_greedy_evaluation_matches_pytorch_generate(run, assets):
     cfg, (domain, base_params, evaluator) = run
     for dataset in (domain.test, domain.train):
         expected = torch_greedy_texts(assets["torch_model"], domain, dataset, cfg.domain.max_new_tokens)
         assert evaluator.greedy_texts(base_params, dataset) == expected
-        accuracy = float(np.mean(correct(expected, domain.contexts(dataset))))
-        assert evaluator.accuracy(base_params, dataset) == pytest.approx(accuracy)
+        per_item = np.asarray(correct(expected, domain.contexts(dataset)), np.float32)
+        assert evaluator.accuracy(base_params, dataset) == pytest.approx(float(np.mean(per_item)))
+        np.testing.assert_array_equal(evaluator.item_scores(base_params, dataset), per_item)
 
 
+@pytest.mark.slow
 def test_tiny_search_and_final_end_to_end(run, tmp_path):
     cfg, (domain, base_params, evaluator) = run
     cfg = cfg.copy_and_resolve_references()
@@ -267,6 +271,7 @@ def test_update_uses_the_reward_program_on_host_primitives(run):
     assert float(metrics["nonfinite"]) == 0.0 and "kl" in metrics
 
 
+@pytest.mark.slow
 def test_budget_stops_search_candidates_early_keeps_the_last_policy_and_says_so(run, caplog):
     cfg, (domain, base_params, evaluator) = run
     graphdef = evaluator.graphdef
@@ -333,6 +338,7 @@ def math_config_default():
     return load_config("math", "default")
 
 
+@pytest.mark.slow
 def test_outcome_run_reference_is_the_outcome_trainings_token_count(run):
     cfg, (domain, base_params, evaluator) = run
     measured_cfg = cfg.copy_and_resolve_references()
@@ -366,6 +372,7 @@ def test_candidate_slices_split_the_mesh():
     assert not first & second and len(first | second) == 8
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_unsharded(run):
     """The tiny Qwen policy on a (data 2, model 4) mesh of the 8 fake devices vs one device."""
     cfg, (domain, base_params, evaluator) = run
@@ -437,6 +444,7 @@ class AnswerSetRunner:
         pass
 
 
+@pytest.mark.slow
 def test_mixed_validation_score_is_the_example_weighted_mean(run, monkeypatch):
     """On MATH+GSM8K the candidate's validation score is the accuracy over all validation rows,
     i.e. the example-weighted mean of its GSM8K and MATH parts (not the mean of the two means)."""
@@ -458,6 +466,7 @@ def test_mixed_validation_score_is_the_example_weighted_mean(run, monkeypatch):
     assert float(results.scores[0]) != pytest.approx(np.mean(list(part_accuracy.values())))
 
 
+@pytest.mark.slow
 def test_budgeted_search_resumes_to_the_uninterrupted_history(run, tmp_path):
     """The compute budget counts tokens, so a search stopped after one iteration and resumed
     (with a fresh evaluator, as a new process would) ends with the uninterrupted history."""

@@ -17,9 +17,9 @@ import pytest
 from derl_jax.config import ConfigError
 from derl_jax.domains import math as math_domain
 from derl_jax.domains.base import TokenDataset
-from derl_jax.evaluator import CandidateResults
-from derl_jax.meta import protocol
-from derl_jax.meta.report import write_report
+from derl_jax.rl.evaluator import CandidateResults
+from derl_jax.experiment import protocol
+from derl_jax.experiment.report import write_report
 from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
 from primitives import registry
 from primitives.math import answer_metrics, answers_exact, correct_exact, math_primitive_names

@@ -16,7 +16,7 @@ import transformers
 from derl_jax.expr.check import check_text
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
-from derl_jax.meta.hf_constraint import (
+from derl_jax.methods.derl.hf_constraint import (
     build_symbol_trie,
     identity_token_table,
     make_trie_constraint,
@@ -24,8 +24,8 @@ from derl_jax.meta.hf_constraint import (
     symbols_of_tokens,
     tokenizer_token_table,
 )
-from derl_jax.meta.meta_model import meta_prompt
-from derl_jax.meta.optimizer import MetaOptimizer
+from derl_jax.methods.derl.model import meta_prompt
+from derl_jax.methods.derl.optimizer import MetaOptimizer
 from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
 from derl_jax.models.sampling import Constraint
 
@@ -112,6 +112,7 @@ def test_qwen_symbol_tokens(tokenizer, qwen_constraint):
     assert np.asarray(few.token_ids)[np.asarray(compact[1])].tolist() == starters
 
 
+@pytest.mark.slow
 def test_hand_written_sequence_masks(hf_optimizer, tokenizer):
     """The allowed tokens before each token of g1*min(g12,u)<eos> (replayed as in sampling)."""
     tokens = hf_optimizer.encode_text("g1*min(g12,u)")
@@ -194,6 +195,7 @@ def test_hf_prompt_and_chat_encoding(hf_optimizer, tokenizer):
         hf_optimizer.encode_text("g13")
 
 
+@pytest.mark.slow
 def test_hf_cold_start_on_chat_replies(hf_optimizer, hf_state, tokenizer):
     corpus = hf_optimizer.corpus
     # the corpus teaches the two-step reading of g10..g12 (g, 1, then 0..2)
@@ -215,6 +217,7 @@ def test_hf_cold_start_on_chat_replies(hf_optimizer, hf_state, tokenizer):
     assert losses[-3:].mean() < 0.8 * losses[:3].mean()
 
 
+@pytest.mark.slow
 def test_hf_samples_always_parse(hf_optimizer, hf_state, tokenizer):
     sample = hf_optimizer.sample(hf_state, jax.random.key(1), 200)
     tokens, mask = np.asarray(sample.symbols), np.asarray(sample.mask)

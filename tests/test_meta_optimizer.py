@@ -18,8 +18,8 @@ from derl_jax.expr.check import check_text
 from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
 from derl_jax.expr.vm import evaluate_numpy
-from derl_jax.meta.corpus import FAMILIES, cold_start_corpus
-from derl_jax.meta.optimizer import MetaConfig, MetaOptimizer, MetaSample, MetaState
+from derl_jax.methods.derl.corpus import FAMILIES, cold_start_corpus
+from derl_jax.methods.derl.optimizer import MetaConfig, MetaOptimizer, MetaSample, MetaState
 from derl_jax.rl.grpo import kl_estimate
 
 NUM_PRIMITIVES = 4
@@ -92,6 +92,7 @@ def test_corpus_is_valid_diverse_and_deterministic():
     assert len(FAMILIES) >= 7
 
 
+@pytest.mark.slow
 def test_corpus_fills_tight_grammars_and_rejects_bad_arguments():
     tight = make_grammar(1, 4, max_depth=1)
     corpus = cold_start_corpus(1, 30, seed=0, grammar=tight)
@@ -114,7 +115,7 @@ def test_corpus_fills_tight_grammars_and_rejects_bad_arguments():
 
 def test_config_from_run_config_and_errors():
     from configs.arith import get_config
-    from derl_jax.meta.protocol import meta_grammar
+    from derl_jax.experiment.protocol import meta_grammar
 
     run = get_config("smoke")
     cfg = MetaConfig.from_config(run)
@@ -143,6 +144,7 @@ def test_config_from_run_config_and_errors():
 # ----------------------------------------------------------------------------- cold start and sampling
 
 
+@pytest.mark.slow
 def test_init_is_deterministic_and_cold_start_learns(optimizer, state):
     assert int(state.step) == 0
     assert tree_equal(state.params, state.ref_params)
@@ -158,6 +160,7 @@ def test_init_is_deterministic_and_cold_start_learns(optimizer, state):
     assert losses[:10].mean() > 2.0 * losses[-10:].mean()
 
 
+@pytest.mark.slow
 def test_samples_parse_check_and_match_their_symbols(optimizer, first_sample):
     sample = first_sample
     assert isinstance(sample, MetaSample) and len(sample.texts) == N
@@ -203,6 +206,7 @@ def test_sampling_logp_equals_teacher_forced_constrained_logp(optimizer, state, 
 # ----------------------------------------------------------------------------- GRPO update
 
 
+@pytest.mark.slow
 def test_update_raises_logp_of_rewarded_sample(optimizer, state, first_sample):
     scores = np.zeros(N, np.float32)
     scores[0] = 1.0

@@ -1,12 +1,13 @@
 """The Meta-Optimizer on a mesh: its backbone split over the 'model' axis (two of the test's
 fake CPU devices) samples the same expressions and takes the same GRPO step as on one device."""
 
+import pytest
 import jax
 import numpy as np
 
 from derl_jax.expr.grammar import make_grammar
-from derl_jax.meta.optimizer import MetaOptimizer
-from derl_jax.meta.strategies import make_strategy
+from derl_jax.methods.derl.optimizer import MetaOptimizer
+from derl_jax.outer import make_strategy
 from derl_jax.parallel import MODEL_AXIS, make_mesh
 
 GRAMMAR = make_grammar(3, 16, max_depth=3)
@@ -23,6 +24,7 @@ def _split_over_model(params) -> int:
     return sum(MODEL_AXIS in tuple(getattr(leaf.sharding, "spec", ())) for leaf in jax.tree_util.tree_leaves(params))
 
 
+@pytest.mark.slow
 def test_sharded_sample_and_update_match_one_device():
     mesh = make_mesh(1, 1, 2, devices=jax.devices()[:2])
     plain, sharded = MetaOptimizer({"meta": META}, GRAMMAR), MetaOptimizer({"meta": META}, GRAMMAR, mesh=mesh)
@@ -51,6 +53,7 @@ def test_sharded_sample_and_update_match_one_device():
         np.testing.assert_allclose(float(metrics_one[name]), float(metrics_split[name]), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_strategy_builds_its_meta_optimizer_on_the_run_mesh():
     mesh = make_mesh(1, 1, 2, devices=jax.devices()[:2])
     strategy = make_strategy("derl", {"meta": META}, GRAMMAR, ("g1", "g2", "g3"), mesh=mesh)

@@ -26,8 +26,10 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 from derl_jax.logging import read_jsonl
-from derl_jax.meta.search import SEARCH_RESULT_FILE, strip_wall_clock
+from derl_jax.outer.search import SEARCH_RESULT_FILE, strip_wall_clock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launch", "multiprocess.sh")

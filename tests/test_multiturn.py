@@ -120,6 +120,7 @@ def replay(domain: Domain, dataset: TokenDataset, actions: np.ndarray, taken: np
     return success, scores
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("greedy", [True, False])
 def test_episodes_match_a_python_replay_of_the_environment(greedy):
     domain = counter_domain()
@@ -191,6 +192,7 @@ class EnvStepTest(chex.TestCase):
             checked_step(env, state, jnp.array([ID["inc"]], jnp.int32))  # action of the wrong length
 
 
+@pytest.mark.slow
 def test_grpo_on_success_teaches_the_policy_to_read_the_target():
     domain = counter_domain()
     graphdef, params = tiny_policy(domain)
@@ -204,6 +206,7 @@ def test_grpo_on_success_teaches_the_policy_to_read_the_target():
     assert results.scores[0] >= 0.8 > before + 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("history", [2, "full"])
 def test_vmapped_programs_train_like_separate_calls(history):
     domain = counter_domain(history)
@@ -250,6 +253,7 @@ class HostCounterEnv:
         return obs, out, np.array(success, np.float32), done, info
 
 
+@pytest.mark.slow
 def test_a_host_environment_plays_the_same_episodes_inside_the_scan():
     jax_domain = counter_domain()
     host_env = HostCounterEnv()
@@ -272,6 +276,7 @@ def test_a_host_environment_plays_the_same_episodes_inside_the_scan():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_evaluate_candidates_trains_for_the_steps_asked():
     domain = counter_domain()
     graphdef, params = tiny_policy(domain)

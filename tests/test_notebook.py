@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 
 import nbformat
@@ -11,7 +12,7 @@ from derl_jax.domains.arith import make_arith_domain
 from derl_jax.expr.canonical import to_latex
 from derl_jax.expr.parse import parse
 from derl_jax.logging import read_jsonl
-from derl_jax.meta.protocol import compare
+from derl_jax.experiment.protocol import compare
 from test_search import BASE_PARAMS, REPO_ROOT, FakeEvaluator, FakeMetaOptimizer, fake_config, get_config
 
 NOTEBOOK = os.path.join(REPO_ROOT, "notebooks", "derl_dynamics.ipynb")
@@ -21,6 +22,7 @@ def outputs_of(notebook, kind: str) -> list:
     return [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if kind in o.get("data", {})]
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_a_run_directory(tmp_path, monkeypatch):
     cfg = fake_config(iterations=3, num_candidates=3)
     cfg.compare.methods = ("derl", "evolution", "outcome")

@@ -14,11 +14,12 @@ import pytest
 
 from derl_jax.config import ConfigError
 from derl_jax.domains.arith import make_arith_domain
-from derl_jax.meta import candidate_policies
-from derl_jax.meta.budget import population_inner_steps
-from derl_jax.meta.protocol import run_method
-from derl_jax.meta.search import search
-from derl_jax.meta.strategies import Strategy, check_update, validate_config
+from derl_jax.outer import candidate_policies
+from derl_jax.outer.budget import population_inner_steps
+from derl_jax.experiment.protocol import run_method
+from derl_jax.outer.search import search
+from derl_jax.experiment.checks import validate_config
+from derl_jax.outer import Strategy, check_update
 from test_search import BASE_PARAMS, FakeEvaluator, FakeMetaOptimizer, fake_config, get_config, reference_quality, tiny_dataset
 
 PRIMITIVES = ("correct", "boxed", "steps", "gold_anywhere")

@@ -67,6 +67,7 @@ FLOP_MODEL = tr.tiny_config(1024, hidden_size=256, intermediate_size=1024, num_l
     dict(),
     dict(remat=True, reference=True, minibatches=2),
 ], ids=["plain", "remat-reference-minibatches"])
+@pytest.mark.slow
 def test_compiled_flops_are_within_five_percent_of_the_analytic_count(variant):
     """XLA also counts elementwise ops (softmax, norms, the optimizer), so it is a little above the
     matmul-only count; a wrong matmul term (e.g. no remat recompute) would be 10-30% off."""

@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+
 SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np

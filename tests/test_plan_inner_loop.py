@@ -15,6 +15,7 @@ from derl_jax.rl import sft
 from derl_jax.rl.config import metric_names
 
 
+@pytest.mark.slow
 def test_train_many_memory_is_the_policy_programs_and_data():
     cfg = arith.get_config("smoke")
     domain = get_domain("arith").build(cfg)

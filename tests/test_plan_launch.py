@@ -1,6 +1,7 @@
 """`launch/run.py --mode=plan`: the planner's table for a config, no model built; a bad
 accelerator is one line naming it."""
 
+import pytest
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ def launch(*flags):
                            "--mode=plan", *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_plan_mode_prints_the_table_of_the_configured_run(tmp_path):
     done = launch("--accelerator=h100,v5e", f"--workdir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -34,6 +36,7 @@ def test_plan_mode_prints_the_table_of_the_configured_run(tmp_path):
     assert not (tmp_path / "run").exists()  # planning writes no run directory
 
 
+@pytest.mark.slow
 def test_unknown_accelerator_is_one_line():
     done = launch("--accelerator=h900")
     assert done.returncode == 2

@@ -48,6 +48,7 @@ def test_rotary_tables_are_the_cosines_and_sines_of_the_repeated_angles():
     assert np.array_equal(np.asarray(cos)[..., :8], np.asarray(cos)[..., 8:])
 
 
+@pytest.mark.slow
 def test_head_major_cache_decodes_like_the_kv_cache_and_the_full_forward(model):
     config, graphdef, params = model
     batch, prompt_len, total = 2, 4, 9
@@ -70,6 +71,7 @@ def test_head_major_cache_decodes_like_the_kv_cache_and_the_full_forward(model):
     np.testing.assert_allclose(logits["head_major"], logits["kv"], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_grouped_prefill_samples_what_the_ungrouped_one_samples(model, grouped):
     _, graphdef, params = model
     prompts, mask = grouped
@@ -83,6 +85,7 @@ def test_grouped_prefill_samples_what_the_ungrouped_one_samples(model, grouped):
         sm.sample(graphdef, params, prompts, mask, jax.random.key(4), group_size=4, **options)
 
 
+@pytest.mark.slow
 def test_grouped_sequence_logprobs_match_a_full_forward_in_values_and_gradients(model, grouped):
     _, graphdef, params = model
     prompts, prompt_mask = grouped
@@ -121,6 +124,7 @@ def test_pre_drawn_gumbel_noise_reproduces_categorical_draws():
         assert np.array_equal(np.asarray(jnp.argmax(noise[step] + logits, axis=-1)), np.asarray(expected))
 
 
+@pytest.mark.slow
 def test_noise_drawn_step_by_step_samples_what_the_pre_drawn_noise_samples(model, grouped, monkeypatch):
     # past PREDRAWN_NOISE_MAX_ELEMENTS (long completions, large vocabularies) `sample` draws each
     # step's noise inside the decode loop instead of holding f32[T, B, V]

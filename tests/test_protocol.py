@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from derl_jax.domains.arith import make_arith_domain
-from derl_jax.meta import protocol
-from derl_jax.meta.protocol import ConfigError, compare, run_method, split_train, validate_config
-from derl_jax.meta.stats import student_t_quantile
+from derl_jax.experiment import protocol
+from derl_jax.experiment.checks import validate_config
+from derl_jax.experiment.protocol import ConfigError, compare, run_method, split_train
+from derl_jax.experiment.stats import student_t_quantile
 from derl_jax.parallel import make_mesh
-from derl_jax.meta.strategies import ALL_METHODS
+from derl_jax.outer import ALL_METHODS
 from test_search import BASE_PARAMS, FakeEvaluator, FakeMetaOptimizer, fake_config, get_config, reference_quality
 
 SEARCH_CODE = tuple(
@@ -150,6 +151,7 @@ class GuardedSplit:
         return getattr(self._data, name)
 
 
+@pytest.mark.slow
 def test_compare_reports_all_methods_and_never_lets_search_see_test(tmp_path, domain):
     guarded = GuardedSplit(domain.test)
     guarded_domain = dataclasses.replace(domain, test=guarded)

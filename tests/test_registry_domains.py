@@ -10,11 +10,11 @@ import pytest
 import derl_jax.domains
 from derl_jax.config import ConfigError
 from derl_jax.domains import registry
-from derl_jax.domains.registry import DomainSpec, get_domain, register_domain, registered_domains
+from derl_jax.domains.registry import DOMAINS, DomainSpec, get_domain, register_domain
 
 COINS_MODULE = '''
 from derl_jax.config import ConfigError, int_at_least
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 
 IMPORTS = []
 IMPORTS.append(1)
@@ -24,8 +24,9 @@ def check(cfg):
     int_at_least(cfg, "domain.coins", 1)
 
 
-register_domain(DomainSpec(name="{name}", build=lambda cfg: ("built", cfg["domain"]["coins"]),
-                           primitive_names=lambda cfg: ("heads", "tails"), validate=check))
+@register_domain("{name}", primitive_names=lambda cfg: ("heads", "tails"), validate=check)
+def build(cfg):
+    return ("built", cfg["domain"]["coins"])
 '''
 
 
@@ -42,14 +43,14 @@ def domain_dir(tmp_path, monkeypatch):
     yield write
     for name in added:
         sys.modules.pop(f"derl_jax.domains.{name}", None)
-        registry._DOMAINS.pop(name, None)
+        DOMAINS.remove(name)
 
 
 def test_a_new_domain_module_is_found_by_name_alone(domain_dir):
     domain_dir("coins_a", COINS_MODULE.format(name="coins_a"))
-    assert "coins_a" not in registered_domains()
+    assert "coins_a" not in DOMAINS.registered()
     spec = get_domain("coins_a")
-    assert "coins_a" in registered_domains()
+    assert "coins_a" in DOMAINS.registered()
     assert spec.name == "coins_a"
     assert spec.primitive_names({}) == ("heads", "tails")
     assert spec.build({"domain": {"coins": 3}}) == ("built", 3)
@@ -87,16 +88,21 @@ def test_an_import_error_inside_a_domain_module_is_not_hidden(domain_dir):
         get_domain("broken")
 
 
-def test_register_refuses_a_second_spec_under_a_taken_name():
-    spec = DomainSpec(name="twice", build=lambda cfg: None, primitive_names=lambda cfg: ())
+def test_register_refuses_a_second_builder_under_a_taken_name():
+    def build(cfg):
+        return None
+
+    def other(cfg):
+        return 1
+
+    names = lambda cfg: ()  # noqa: E731
     try:
-        assert register_domain(spec) is spec
-        assert register_domain(spec) is spec  # the same spec again (a module re-imported) is fine
-        other = DomainSpec(name="twice", build=lambda cfg: 1, primitive_names=lambda cfg: ())
+        assert register_domain("twice", primitive_names=names)(build) is build
+        assert register_domain("twice", primitive_names=names)(build) is build  # a module re-imported is fine
         with pytest.raises(ValueError, match="'twice' is already registered"):
-            register_domain(other)
+            register_domain("twice", primitive_names=names)(other)
     finally:
-        registry._DOMAINS.pop("twice", None)
+        DOMAINS.remove("twice")
     with pytest.raises(ValueError, match="must be a Python identifier"):
-        register_domain(DomainSpec(name="two words", build=lambda cfg: None, primitive_names=lambda cfg: ()))
-    assert spec.validate({}) is None  # the default validate accepts anything
+        register_domain("two words", primitive_names=names)
+    assert DomainSpec("x", build, names).validate({}) is None  # the default validate accepts anything

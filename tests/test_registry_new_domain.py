@@ -1,6 +1,6 @@
-"""The README's "Adding a domain" example: one new domain file plus one config file, nothing else.
+"""The "Adding a domain" example of docs/extending.md: one new domain file plus one config file, nothing else.
 
-The two files below are the README's text. The domain file goes where `derl_jax/domains/echo.py`
+The two files are read from docs/extending.md. The domain file goes where `derl_jax/domains/echo.py`
 would be (a directory added to the domains package path), the config file where
 `configs/echo.py` would be; the launcher finds the domain by `config.domain.kind` alone and
 trains it with the real inner loop.
@@ -21,90 +21,11 @@ from derl_jax.config import ConfigError
 from derl_jax.domains import registry
 from derl_jax.domains.registry import get_domain
 from primitives import registry as primitive_registry
+from test_docs import docs_example
 
-DOMAIN_FILE = '''\
-"""Echo: the policy repeats a number. A whole domain in one file (see README, "Adding a domain")."""
-
-import functools
-
-import jax.numpy as jnp
-import numpy as np
-
-from derl_jax.config import ConfigError, int_at_least
-from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
-from derl_jax.models.tokenizers import CharTokenizer
-from primitives.registry import primitive, resolve
-
-TOKENIZER = CharTokenizer("0123456789=")
-DIGITS = 2
-PRIMITIVES = ("correct", "first_digit")
-
-
-@primitive("correct", kind="device", domain="echo")
-def correct(rollout, context):
-    """1 when the output is exactly the number, then EOS.  tokens i32[N, T], answer i32[N, DIGITS]."""
-    tokens = rollout["tokens"]
-    digits_ok = jnp.all(tokens[:, :DIGITS] == context["answer"], axis=-1)
-    return (digits_ok & (tokens[:, DIGITS] == TOKENIZER.eos_id)).astype(jnp.float32)
-
-
-@primitive("first_digit", kind="device", domain="echo")
-def first_digit(rollout, context):
-    """1 when the first output token is the number's first digit."""
-    return (rollout["tokens"][:, 0] == context["answer"][:, 0]).astype(jnp.float32)
-
-
-def dataset(numbers) -> TokenDataset:
-    texts = [f"{n:0{DIGITS}d}" for n in numbers]
-    prompts, mask = TOKENIZER.encode_batch([t + "=" for t in texts], DIGITS + 2, left_pad=True, add_bos=True)
-    answer, _ = TOKENIZER.encode_batch(texts, DIGITS, left_pad=False)
-    return TokenDataset(jnp.asarray(prompts), jnp.asarray(mask), {"answer": jnp.asarray(answer)})
-
-
-def corpus(numbers, seed, holdout_rows, options):
-    """(prompt, completion) texts for the warm-start policy: every training row but the held-out ones."""
-    held_out = set(np.asarray(holdout_rows).tolist())
-    return [(f"{n:0{DIGITS}d}=", f"{n:0{DIGITS}d}") for row, n in enumerate(numbers) if row not in held_out]
-
-
-def build(cfg) -> Domain:
-    numbers = np.random.default_rng(cfg.domain.seed).permutation(10**DIGITS)
-    train, test = numbers[: cfg.domain.num_train], numbers[cfg.domain.num_train:][: cfg.domain.num_test]
-    return Domain(name="echo", primitives=resolve("echo", PRIMITIVES), outcome_index=0, train=dataset(train),
-                  test=dataset(test), tokenizer=TOKENIZER, max_new_tokens=DIGITS + 1, eos_id=TOKENIZER.eos_id,
-                  pad_id=TOKENIZER.pad_id, corpus=functools.partial(corpus, train))
-
-
-def validate(cfg) -> None:
-    int_at_least(cfg, "domain.seed", 0)
-    train = int_at_least(cfg, "domain.num_train", 5)
-    int_at_least(cfg, "domain.num_test", 1)
-    if train + cfg.domain.num_test > 10**DIGITS:
-        raise ConfigError(f"config.domain.num_test: num_train + num_test must be <= {10**DIGITS}")
-
-
-register_domain(DomainSpec(name="echo", build=build, primitive_names=lambda cfg: PRIMITIVES, validate=validate))
-'''
-
-CONFIG_FILE = '''\
-"""Echo: the policy repeats a two-digit number (the README's "Adding a domain" example).
-
-      python launch/run.py --config=configs/echo.py --mode=final --expression="correct+0.5*first_digit"
-
-Rough time: under a minute on a 2-core CPU.
-"""
-
-from configs import common
-
-
-def get_config(arg=None):
-    domain = {"kind": "echo", "seed": 0, "num_train": 40, "num_test": 20}
-    policy = {**common.TOY_MODEL, "head_dim": 8, "sft_steps": 20, "sft_lr": 3e-3, "sft_batch_size": 16}
-    cfg = common.toy_search(common.base("echo", domain, policy))
-    cfg.inner.update(prompts_per_step=4, group_size=2)
-    return cfg
-'''
+# The two files of the "Adding a domain" example of docs/extending.md, as written there.
+DOMAIN_FILE = docs_example("derl_jax/domains/echo.py")
+CONFIG_FILE = docs_example("configs/echo.py")
 
 
 @pytest.fixture
@@ -120,9 +41,9 @@ def echo(tmp_path, monkeypatch):
     spec.loader.exec_module(config)
     yield config
     sys.modules.pop("derl_jax.domains.echo", None)
-    registry._DOMAINS.pop("echo", None)
+    registry.DOMAINS.remove("echo")
     for name in ("correct", "first_digit"):
-        primitive_registry._REGISTRY.pop(("echo", name), None)
+        primitive_registry.PRIMITIVES.remove(("echo", name))
 
 
 def test_the_new_domain_is_registered_built_and_scored(echo):
@@ -156,11 +77,10 @@ def test_the_new_domain_is_registered_built_and_scored(echo):
 
 
 def test_the_launcher_trains_the_new_domain_end_to_end(echo, tmp_path):
-    from test_launch import load_launcher
+    from derl_jax.experiment.run import run
 
-    launcher = load_launcher()
     cfg = echo.get_config()
-    final = launcher.run(cfg, str(tmp_path / "run"), "final", "correct+0.5*first_digit", progress=False)
+    final = run(cfg, str(tmp_path / "run"), "final", "correct+0.5*first_digit", progress=False)
     saved = json.loads((tmp_path / "run" / "final_result.json").read_text())
     assert saved["expression"] == "correct+0.5*first_digit" and saved["test"] == final.test
     assert round(final.test * 20) == pytest.approx(final.test * 20, abs=1e-6)  # a pass rate over the 20 test numbers

@@ -14,21 +14,22 @@ from derl_jax.expr.check import check_text
 from derl_jax.expr.program import compile_expr
 from derl_jax.expr.vm import evaluate
 from primitives import registry
+from test_docs import docs_example
 
 # A whole primitive file: device primitives of a toy domain over token arrays.
 UNIT_PRIMITIVES = '''
 import jax.numpy as jnp
 
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 
-@primitive("{prefix}_length", kind="device", domain="{domain}")
+@register_primitive("{prefix}_length", kind="device", domain="{domain}")
 def length(rollout, context):
     """Generated tokens over the target length."""
     return jnp.sum(rollout["mask"], axis=-1).astype(jnp.float32) / context["target"]
 
 
-@primitive("{prefix}_hits", kind="device", domain="{domain}", aliases=("{prefix}_h",))
+@register_primitive("{prefix}_hits", kind="device", domain="{domain}", aliases=("{prefix}_h",))
 def hits(rollout, context):
     """1 where the first token is the wanted one."""
     return (rollout["tokens"][:, 0] == context["wanted"]).astype(jnp.float32)
@@ -48,8 +49,8 @@ def primitive_dir(tmp_path, monkeypatch):
     yield write
     for name, domain in added:
         sys.modules.pop(f"primitives.{name}", None)
-        for key in [k for k in registry._REGISTRY if k[0] == domain]:
-            del registry._REGISTRY[key]
+        for key in [k for k in registry.PRIMITIVES.registered() if k[0] == domain]:
+            registry.PRIMITIVES.remove(key)
 
 
 def rollout_batch():
@@ -101,20 +102,13 @@ def test_a_module_named_in_the_config_registers_its_primitives(tmp_path, monkeyp
             registry.import_modules("my_reward_family")
     finally:
         sys.modules.pop("my_reward_family", None)
-        for key in [k for k in registry._REGISTRY if k[0] == "unit_cfg"]:
-            del registry._REGISTRY[key]
+        for key in [k for k in registry.PRIMITIVES.registered() if k[0] == "unit_cfg"]:
+            registry.PRIMITIVES.remove(key)
 
 
-# The README's "Adding a primitive" example, verbatim: one new file in primitives/, no other edit.
-README_EXAMPLE = '''
-import jax.numpy as jnp
-from primitives.registry import primitive
-
-@primitive("short_answer", kind="device", domain="arith")
-def short_answer(rollout, context):
-    """1 when the completion is at most 12 tokens long.  rollout["mask"]: bool[N, T]."""
-    return (rollout["mask"].sum(-1) <= 12).astype(jnp.float32)
-'''
+# The "Adding a primitive" example of docs/extending.md, as written there: one new file in
+# primitives/, no other edit.
+README_EXAMPLE = docs_example("primitives/my_prims.py")
 
 
 @pytest.fixture
@@ -123,21 +117,22 @@ def readme_primitive(tmp_path, monkeypatch):
     (tmp_path / "my_prims.py").write_text(README_EXAMPLE)
     yield
     sys.modules.pop("primitives.my_prims", None)
-    registry._REGISTRY.pop(("arith", "short_answer"), None)
+    registry.PRIMITIVES.remove(("arith", "short_answer"))
 
 
+@pytest.mark.slow
 def test_the_readme_example_adds_a_primitive_to_a_run_by_config_alone(readme_primitive, tmp_path):
-    from test_launch import load_launcher
+    from derl_jax.experiment import build
+    from derl_jax.experiment.run import check_inputs
     from test_search import get_config
 
     from primitives.arith import correct
 
-    launcher = load_launcher()
     cfg = get_config("smoke")
     cfg.primitives.extra = ("short_answer",)  # --config.primitives.extra="('short_answer',)"
-    checked = launcher.plan(cfg, str(tmp_path / "run"), "final", "correct + 0.5*short_answer")
+    checked = check_inputs(cfg, str(tmp_path / "run"), "final", "correct + 0.5*short_answer")
     assert checked.primitive_names == ("correct", "boxed", "steps", "gold_anywhere", "short_answer")
-    domain = launcher.build_domain(cfg)
+    domain = build.build_domain(cfg)
     assert domain.primitive_names == checked.primitive_names and domain.primitives[-1].kind == "device"
 
     # The reward the inner loop computes for two rollouts of the first test prompts.

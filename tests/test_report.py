@@ -5,14 +5,16 @@ import math
 import numpy as np
 import pytest
 
-from derl_jax.meta.plots import curve_band, plot_outer_curves, plot_structure_shares
-from derl_jax.meta.results import structure_shares
-from derl_jax.meta.stats import (
-    regularized_incomplete_beta,
+from derl_jax.experiment.plots import curve_band, plot_outer_curves, plot_structure_shares
+from derl_jax.experiment.results import structure_shares
+from derl_jax.experiment.stats import (
+    difference_table,
+    interval_estimates,
+    paired_difference,
     results_table,
-    student_t_cdf,
     student_t_quantile,
     summarize,
+    verdict,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -32,22 +34,67 @@ def test_t_quantile_closed_forms():
         assert student_t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
         assert student_t_quantile(p, 2) == pytest.approx((2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p))), rel=1e-9)
     assert student_t_quantile(0.025, 4) == pytest.approx(-student_t_quantile(0.975, 4))
-    assert student_t_cdf(0.0, 7) == pytest.approx(0.5)
-    # large df tends to the normal quantile 1.959964
-    assert student_t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-5)
+    assert student_t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-5)  # the normal quantile
     with pytest.raises(ValueError, match="p must be in"):
         student_t_quantile(1.0, 3)
 
 
-def test_against_scipy_when_installed():
-    stats = pytest.importorskip("scipy.stats")
-    special = pytest.importorskip("scipy.special")
-    for df in (1, 2, 3, 7, 15, 40, 200):
-        for p in (0.55, 0.8, 0.975, 0.999):
-            assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+def test_a_paired_difference_by_hand():
+    """Two seeds x two items; the difference and rliable's probability of improvement counted by hand."""
+    a = np.array([[1.0, 0.0], [1.0, 1.0]])
+    b = np.array([[0.0, 0.0], [1.0, 0.0]])
+    d = paired_difference(a, b, reps=500)
+    assert d["difference"] == pytest.approx(0.75 - 0.25)
+    # item 0: a's seeds {1, 1} against b's {0, 1}: wins 1, 0.5, 1, 0.5 -> 0.75; item 1: {0, 1} against {0, 0} -> 0.75
+    assert d["probability_of_improvement"] == pytest.approx(0.75)
+    assert -1.0 <= d["ci95_low"] <= d["difference"] <= d["ci95_high"] <= 1.0
+    assert (d["seeds"], d["items"]) == (2, 2)
+
+
+def test_a_constant_difference_is_recovered_exactly_and_separated():
     rng = np.random.default_rng(0)
-    for x, a, b in zip(rng.uniform(0, 1, 50), rng.uniform(0.2, 30, 50), rng.uniform(0.2, 30, 50)):
-        assert regularized_incomplete_beta(x, a, b) == pytest.approx(special.betainc(a, b, x), rel=1e-9, abs=1e-14)
+    b = rng.integers(0, 2, size=(5, 300)).astype(float) * 0.5
+    d = paired_difference(b + 0.1, b)  # paired: every resample sees the same +0.1
+    assert d["difference"] == pytest.approx(0.1)
+    assert d["ci95_low"] == pytest.approx(0.1) and d["ci95_high"] == pytest.approx(0.1)
+    assert d["separated"] and verdict(d) == "separated"
+    assert verdict(paired_difference(b, b + 0.1)) == "reversed"
+
+
+def test_two_draws_of_one_method_are_not_separated_and_a_true_gap_is():
+    rng = np.random.default_rng(1)
+    first, second = (rng.random((5, 1000)) < 0.3).astype(float), (rng.random((5, 1000)) < 0.3).astype(float)
+    same = paired_difference(first, second)
+    assert same["ci95_low"] < 0.0 < same["ci95_high"] and verdict(same) == "not separated"
+    better = (rng.random((5, 1000)) < 0.4).astype(float)
+    gap = paired_difference(better, second)
+    assert gap["ci95_low"] < 0.1 < gap["ci95_high"] and gap["ci95_low"] > 0.0 and verdict(gap) == "separated"
+    assert paired_difference(better, second) == gap  # a fixed bootstrap seed: the same interval again
+
+
+def test_paired_difference_refuses_unpaired_scores():
+    with pytest.raises(ValueError, match="same \\[seeds, items\\]"):
+        paired_difference(np.zeros((3, 10)), np.zeros((3, 11)))
+    with pytest.raises(ValueError, match="shape \\[seeds, items\\]"):
+        paired_difference(np.zeros(10), np.zeros(10))
+
+
+def test_interval_estimates_of_mean_and_iqm():
+    scores = np.tile(np.arange(8, dtype=float), (4, 1))  # every seed scores items 0..7
+    estimate = interval_estimates(scores, reps=500)
+    assert estimate["mean"] == pytest.approx(3.5)
+    assert estimate["iqm"] == pytest.approx(np.mean(np.arange(2, 6)))  # the middle half: items 2..5
+    assert estimate["mean_ci"][0] <= 3.5 <= estimate["mean_ci"][1]
+
+
+def test_the_difference_table_reports_points_and_verdicts():
+    rows = [("derl", "outcome", {"difference": 0.034, "ci95_low": 0.012, "ci95_high": 0.055,
+                                 "probability_of_improvement": 0.61, "separated": True, "seeds": 5, "items": 1000}),
+            ("derl", "random", {"difference": -0.01, "ci95_low": -0.03, "ci95_high": 0.012,
+                                "probability_of_improvement": 0.49, "separated": False, "seeds": 5, "items": 1000})]
+    table = difference_table(rows)
+    assert "| derl | outcome | +3.4 | [+1.2, +5.5] | 0.61 | 5 x 1000 | separated |" in table
+    assert "| derl | random | -1.0 | [-3.0, +1.2] | 0.49 | 5 x 1000 | not separated |" in table
 
 
 def test_summarize_matches_numpy():
@@ -163,7 +210,7 @@ def test_structure_shares_and_plot(tmp_path):
 
 
 def test_best_so_far_follows_the_charged_order_and_scores_invalid_candidates_zero():
-    from derl_jax.meta.results import best_so_far
+    from derl_jax.experiment.results import best_so_far
 
     history = [  # written out of order; iteration 1 index 0 is invalid with a stale score
         {"iteration": 1, "index": 1, "valid": True, "score": 0.7},

@@ -98,6 +98,7 @@ def test_greedy_matches_uncached_argmax_reference(model, batch):
     assert bool(out.mask.all()) and out.lengths.tolist() == [MAX_NEW] * 3
 
 
+@pytest.mark.slow
 def test_eos_ends_each_row_and_later_tokens_are_masked_pad(model, batch):
     _, graphdef, params = model
     real, prompts, mask = batch
@@ -115,6 +116,7 @@ def test_eos_ends_each_row_and_later_tokens_are_masked_pad(model, batch):
     assert int(out.lengths[0]) < MAX_NEW
 
 
+@pytest.mark.slow
 def test_left_padding_does_not_change_samples(model, batch):
     _, graphdef, params = model
     _, padded, _ = batch
@@ -168,6 +170,7 @@ class ParityByStep:
         return steps + 1
 
 
+@pytest.mark.slow
 def test_constraints_are_respected_when_sampling_and_greedy(model, batch):
     _, graphdef, params = model
     real, prompts, mask = batch
@@ -218,6 +221,7 @@ def test_sequence_logprobs_equal_sampler_logprobs(model, batch):
     np.testing.assert_allclose(np.asarray(logp_cold), np.asarray(hot.logprobs), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_sequence_logprobs_have_finite_gradients_with_excluded_tokens(model, batch):
     _, graphdef, params = model
     _, prompts, mask = batch
@@ -259,6 +263,7 @@ def test_first_token_frequencies_follow_tempered_softmax(model):
     assert expected.max() < 0.9  # the check is informative only for a spread distribution
 
 
+@pytest.mark.slow
 def test_vmap_over_parameter_sets_matches_one_by_one(model, batch):
     config, graphdef, params = model
     _, prompts, mask = batch
@@ -298,6 +303,7 @@ class SampleAndScoreVariants(chex.TestCase):
     """`sample` and `sequence_logprobs` give the reference numbers with and without `jax.jit`."""
 
     @chex.variants(with_jit=True, without_jit=True)
+    @pytest.mark.slow
     def test_greedy_tokens_and_their_logprobs(self):
         _, graphdef, params = _model()
         real, prompts, mask = _batch()
@@ -323,6 +329,7 @@ class SampleAndScoreVariants(chex.TestCase):
                       eos_id=NEVER, pad_id=PAD)
 
 
+@pytest.mark.slow
 def test_a_remat_model_samples_what_the_plain_model_samples():
     """Gradient checkpointing changes the backward pass only: decoding inside the sampler's scan
     works with it and draws the same tokens from the same parameters."""
@@ -339,6 +346,7 @@ def test_a_remat_model_samples_what_the_plain_model_samples():
     np.testing.assert_array_equal(tokens[True], tokens[False])
 
 
+@pytest.mark.slow
 def test_logp_and_entropy_match_log_softmax_in_values_and_gradients():
     rng = np.random.default_rng(5)
     logits = jnp.asarray(3.0 * rng.standard_normal((2, 3, 11)), jnp.float32)

@@ -100,6 +100,7 @@ def _actions(env, texts):
     return np.stack([env.vocab.encode(text, env.action_length) for text in texts])
 
 
+@pytest.mark.slow
 def test_two_scripted_episodes_score_and_end(scienceworld):
     env = scienceworld
     assert isinstance(env, env_api.HostEnv) and env_api.is_host_env(env)
@@ -153,30 +154,29 @@ def test_two_scripted_episodes_score_and_end(scienceworld):
 class _FakeWorker:
     """The engine's variation lists for two tasks (what `Worker.variations` returns)."""
 
-    VARIATIONS = {"boil": {"train": [0, 1, 2], "test": [5, 6]}, "melt": {"train": [3, 4, 8], "test": [7]}}
+    VARIATIONS = {"boil": {"train": [0, 1, 2, 9, 10, 11], "dev": [12, 13], "test": [5, 6]},
+                  "melt": {"train": [3, 4, 8], "dev": [14], "test": [7]}}
 
     def variations(self, task, split):
         return self.VARIATIONS[task][split]
 
 
-def test_level_splits_use_the_engine_variation_lists():
+def _pairs(rows):
+    return list(zip(rows["task"].tolist(), rows["variation"].tolist()))
+
+
+def test_level_splits_are_the_engine_variation_lists():
     from derl_jax.domains.scienceworld.splits import level_split
 
     names = ("boil", "melt")
-    # L0: train on the first train variations, evaluate on the train variations after them
-    train, evaluate = level_split(_FakeWorker(), names, "L0", num_train=2, num_test=5)
-    assert train["task"].tolist() == [0, 0, 1, 1] and train["variation"].tolist() == [0, 1, 3, 4]
-    assert evaluate["task"].tolist() == [0, 1] and evaluate["variation"].tolist() == [2, 8]
-    assert not set(zip(train["task"].tolist(), train["variation"].tolist())) & set(
-        zip(evaluate["task"].tolist(), evaluate["variation"].tolist()))
-    with pytest.raises(ValueError, match=r"tasks \['boil', 'melt'\] have no train variations left"):
-        level_split(_FakeWorker(), names, "L0", num_train=3)
-    train, evaluate = level_split(_FakeWorker(), names, "L1", num_train=2)
-    assert train["variation"].tolist() == [0, 1, 3, 4] and evaluate["task"].tolist() == [0, 0, 1]
-    assert evaluate["variation"].tolist() == [5, 6, 7]
+    # 0 = every variation of ScienceWorld's own lists: L0 tests on dev, L1 on test
+    train, evaluate = level_split(_FakeWorker(), names, "L0")
+    assert _pairs(train) == [(0, 0), (0, 1), (0, 2), (0, 9), (0, 10), (0, 11), (1, 3), (1, 4), (1, 8)]
+    assert _pairs(evaluate) == [(0, 12), (0, 13), (1, 14)] and train["variation"].dtype == np.int32
+    train_l1, evaluate = level_split(_FakeWorker(), names, "L1")
+    assert _pairs(train_l1) == _pairs(train) and _pairs(evaluate) == [(0, 5), (0, 6), (1, 7)]
     train, evaluate = level_split(_FakeWorker(), names, "L2", held_out=("melt",))
-    assert set(train["task"].tolist()) == {0} and evaluate["task"].tolist() == [1]
-    assert evaluate["variation"].tolist() == [7] and train["variation"].dtype == np.int32
+    assert _pairs(train) == [(0, 0), (0, 1), (0, 2), (0, 9), (0, 10), (0, 11)] and _pairs(evaluate) == [(1, 7)]
     with pytest.raises(ValueError, match="L2 needs held-out tasks"):
         level_split(_FakeWorker(), names, "L2")
     with pytest.raises(ValueError, match="none is left to train on"):
@@ -185,6 +185,24 @@ def test_level_splits_use_the_engine_variation_lists():
         level_split(_FakeWorker(), names, "L1", held_out=("freeze",))
     with pytest.raises(ValueError, match="level must be one of"):
         level_split(_FakeWorker(), names, "L3")
+
+
+def test_a_sample_of_the_lists_is_drawn_with_the_split_seed():
+    from derl_jax.domains.scienceworld.splits import level_split
+
+    names = ("boil", "melt")
+    full = dict(_FakeWorker.VARIATIONS)
+    draws = {seed: level_split(_FakeWorker(), names, "L1", num_train=4, num_test=1, seed=seed) for seed in range(8)}
+    for train, evaluate in draws.values():
+        boil = [v for t, v in _pairs(train) if t == 0]
+        assert len(boil) == 4 and set(boil) < set(full["boil"]["train"])
+        assert boil == [v for v in full["boil"]["train"] if v in boil]          # in the list's order
+        assert [v for t, v in _pairs(train) if t == 1] == full["melt"]["train"]  # 3 < 4: all of it
+        assert [t for t, _ in _pairs(evaluate)] == [0, 1] and _pairs(evaluate)[1] == (1, 7)
+    assert _pairs(draws[3][0]) == _pairs(level_split(_FakeWorker(), names, "L1", num_train=4, num_test=1, seed=3)[0])
+    assert len({tuple(_pairs(train)) for train, _ in draws.values()}) > 1       # the seed picks the sample
+    # L0 and L1 draw the same training sample from the same seed
+    assert _pairs(level_split(_FakeWorker(), names, "L0", num_train=4, seed=5)[0]) == _pairs(draws[5][0])
 
 
 def test_more_episodes_than_jvms_each_in_its_own_game(scienceworld):

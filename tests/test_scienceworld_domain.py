@@ -15,15 +15,16 @@ from configs import scienceworld as sw_config
 from derl_jax.config import ConfigError, InputError, validate
 from derl_jax.domains import registry
 from derl_jax.domains.scienceworld import engine
+from derl_jax.domains.scienceworld.splits import sample
 
-from test_launch import load_launcher
+from derl_jax.experiment import build
+from derl_jax.experiment.run import run
 
-launcher = load_launcher()  # launch/run.py defines absl flags: one module per process
 
 
 def test_registered_with_the_agent_primitives():
     spec = registry.get_domain("scienceworld")
-    assert "scienceworld" in registry.registered_domains()
+    assert "scienceworld" in registry.DOMAINS.registered()
     assert spec.primitive_names(sw_config.get_config("tiny")) == ("outcome", "phase_first", "phase_middle", "phase_last")
 
 
@@ -55,13 +56,16 @@ def test_level_l2_needs_some_held_out_tasks():
 
 
 def test_presets_carry_the_paper_settings():
+    from derl_jax.outer.budget import population_inner_steps, population_iterations
+
     cfg = sw_config.get_config()
     assert (cfg.inner.steps, cfg.final.steps, cfg.outer.num_candidates) == (80, 100, 8)
     assert cfg.policy.checkpoint.endswith("Qwen2.5-1.5B-Instruct") and cfg.meta.hf_path.endswith("Qwen2.5-0.5B-Instruct")
+    assert cfg.final.baseline_steps == 150
     pop = sw_config.get_config("derl_pop")
-    assert (pop.outer.iterations, pop.outer.population_inner_steps, pop.compare.methods) == (3, 33, ("derl_pop",))
+    assert (population_iterations(pop), population_inner_steps(pop), pop.compare.methods) == (3, 33, ("derl_pop",))
     assert len(cfg.domain.tasks) == 30 and set(cfg.domain.held_out_tasks) < set(cfg.domain.tasks)
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     for preset in ("default", "derl_pop", "tiny"):
         validate(sw_config.get_config(preset)), validate_config(sw_config.get_config(preset))
@@ -76,7 +80,7 @@ def test_missing_java_fails_before_anything_starts(monkeypatch, tmp_path):
                         lambda self, *a, **k: started.append(1))
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(InputError, match=r"^config.domain.kind='scienceworld': ScienceWorld needs Java.*openjdk") as err:
-        launcher.run(sw_config.get_config("tiny"), str(tmp_path / "run"), "final", "g1", progress=False)
+        run(sw_config.get_config("tiny"), str(tmp_path / "run"), "final", "g1", progress=False)
     assert "\n" not in str(err.value) and not started and not (tmp_path / "run").exists()
 
 
@@ -87,10 +91,11 @@ def test_missing_checkpoint_directory_fails_before_anything_starts(monkeypatch, 
     cfg = sw_config.get_config("tiny")
     cfg.policy.checkpoint = str(tmp_path / "no-such-model")
     with pytest.raises(InputError, match="no-such-model") as err:
-        launcher.run(cfg, str(tmp_path / "run"), "final", "g1", progress=False)
+        run(cfg, str(tmp_path / "run"), "final", "g1", progress=False)
     assert "\n" not in str(err.value) and not started
 
 
+@pytest.mark.slow
 def test_a_hugging_face_tokenizer_as_the_token_table():
     from derl_jax.domains.scienceworld.env import ScienceWorldEnv
     from derl_jax.domains.scienceworld.subword import SubwordTable
@@ -116,14 +121,15 @@ def test_a_hugging_face_tokenizer_as_the_token_table():
         assert done.tolist() == [True] and info["success"].tolist() == [1.0]
 
 
+@pytest.mark.slow
 def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     engine.require_engine()   # the agents extra and Java are part of the test environment
     built = []
-    real_build = launcher.build_domain
-    monkeypatch.setattr(launcher, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
+    real_build = build.build_domain
+    monkeypatch.setattr(build, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
     cfg = sw_config.get_config("tiny")
     workdir = tmp_path / "run"
-    final = launcher.run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
+    final = run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
 
     result = json.loads((workdir / "final_result.json").read_text())
     assert result["expression"] == "g1+0.5*g2" and result["seed"] == 0 and result["test"] == final.test
@@ -138,12 +144,14 @@ def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
                                atol=1e-5)
     assert (0 < curves["response_length"]).all() and (curves["response_length"] <= cfg.domain.action_length).all()
     recorded = json.loads((workdir / "domain.json").read_text())
-    assert recorded["domain"] == "scienceworld" and recorded["test_variations"]["variation"] == [5, 6]
+    assert recorded["domain"] == "scienceworld"
 
     # the warm-start corpus of training row 0 without perturbation is the gold path with correct
     # tags, and its prompts are exactly what the rollout builds from the environment's answers
     domain = built[0]
     env, vocab = domain.env, domain.tokenizer
+    dev = env.workers[0].variations("find-non-living-thing", "dev")   # L0 tests on 2 of ScienceWorld's dev variations
+    assert recorded["test_variations"]["variation"] == sample(dev, 2, 0, 1, 0) and set(recorded["test_variations"]["variation"]) < set(dev)
     pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
     assert len(pairs) == 5 and all(c.split()[0] in ("plan", "explore", "reflect", "act") for _, c in pairs)
     from derl_jax.rl.rollout import turn_prompts

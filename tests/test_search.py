@@ -34,13 +34,13 @@ from derl_jax.expr.canonical import to_sympy
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate_numpy
 from derl_jax.logging import read_jsonl
-from derl_jax.evaluator import CandidateResults
-from derl_jax.meta.search import (
+from derl_jax.rl.evaluator import CandidateResults
+from derl_jax.outer.search import (
     SEARCH_RESULT_FILE,
     search,
     strip_wall_clock,
 )
-from derl_jax.meta.strategies import CandidateRecord, make_strategy
+from derl_jax.outer import CandidateRecord, make_strategy
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
@@ -433,6 +433,7 @@ def _wait_until(predicate, process, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_matches_uninterrupted(tmp_path):
     iterations = 3
     reference, _ = run_fake_search(tmp_path / "ref", "derl_pop", iterations=iterations)

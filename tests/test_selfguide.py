@@ -78,6 +78,7 @@ def test_bad_schedules_are_refused_naming_the_field(schedule, message):
         schedule_from_config(cfg)
 
 
+@pytest.mark.slow
 def test_composite_text_weights_g_sg_by_the_schedule():
     names = ("outcome", "phase_first", "phase_middle", "phase_last", "g_sg")
     assert composite_text(names) == "g1+clip(min((u-0.2)/0.2,(1-u)/0.2),0,1)*g5"
@@ -119,6 +120,7 @@ def first_task(tasks):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x[0]), T.to_device(tasks))
 
 
+@pytest.mark.slow
 def test_env_reads_the_assessment_and_reports_its_reward(tasks):
     rewards = (0.5, -0.25, -1.0)
     env = HouseholdEnv(max_turns=4, self_guide=True, self_rewards=rewards)
@@ -146,6 +148,7 @@ def test_env_reads_the_assessment_and_reports_its_reward(tasks):
     assert "self_reward" not in plain and float(plain["well_formed"]) == 1.0
 
 
+@pytest.mark.slow
 def test_expert_with_assessments_solves_every_task_and_assesses_sensibly(tasks):
     env = HouseholdEnv(max_turns=30, self_guide=True)
     policy = with_assessment(expert_action)
@@ -188,6 +191,7 @@ def domain_config(**domain):
     return cfg
 
 
+@pytest.mark.slow
 def test_self_guide_domain_and_corpus():
     cfg = domain_config()
     spec = get_domain("household")
@@ -223,7 +227,8 @@ def test_bad_self_guide_fields_are_named(field, value):
 def test_ablation_presets_pass_every_check_and_propose_their_reward(preset):
     from configs import household
     from derl_jax.config import validate
-    from derl_jax.meta.strategies import make_strategy, validate_config
+    from derl_jax.experiment.checks import validate_config
+    from derl_jax.outer import make_strategy
 
     cfg = household.get_config(preset)
     validate(cfg)
@@ -242,10 +247,11 @@ def test_ablation_presets_pass_every_check_and_propose_their_reward(preset):
 
 def test_self_guide_method_needs_the_self_assessment():
     from configs import household
-    from derl_jax.meta.strategies import validate_config
+    from derl_jax.experiment.checks import validate_config
 
     cfg = household.get_config("self_guide")
     cfg.domain.self_guide = False
+    cfg.meta.primitive_descriptions = ()  # the preset's lines name the self-assessment primitive too
     with pytest.raises(ConfigError, match="self_guide=True"):
         validate_config(cfg)
     cfg = household.get_config("self_guide")

@@ -18,7 +18,7 @@ from derl_jax.rl.config import inner_config
 from derl_jax.rl.loop import make_inner_loop
 from derl_jax.selfguide import TrustSchedule, composite_text
 from primitives import registry
-from primitives.registry import primitive
+from primitives.registry import register_primitive
 
 SELF_REWARDS = (0.3, 0.05, -0.2)     # distinct from the defaults, neutral not zero: every word counts
 SCHEDULE = TrustSchedule(warmup=0.1, ramp_end=0.6, anneal_start=0.7)
@@ -26,7 +26,7 @@ STEPS = 5                            # u = 0, .25, .5, .75, 1 -> lambda = 0, .3,
 RECORDED: list[dict] = []
 
 
-@primitive("record_episode", kind="device", domain="selfguide_train_test")
+@register_primitive("record_episode", kind="device", domain="selfguide_train_test")
 def record_episode(rollout, context):
     """Zeros; hands the episode of every training step to the host (in step order)."""
     fields = {name: rollout[name] for name in ("tokens", "mask", "step_mask", "success", "self_rewards")}
@@ -63,6 +63,7 @@ def setup(tmp_path_factory):
     return cfg, domain, graphdef, params
 
 
+@pytest.mark.slow
 def test_one_self_guide_run_trains_on_the_composite_reward(setup):
     cfg, domain, graphdef, params = setup
     recorder = registry.get("selfguide_train_test", "record_episode")

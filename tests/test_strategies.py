@@ -10,10 +10,11 @@ from derl_jax.expr.grammar import make_grammar
 from derl_jax.expr.parse import parse
 from derl_jax.expr.vm import evaluate_numpy
 from derl_jax.config import ConfigError
-from derl_jax.meta.strategies import ALL_METHODS, Strategy, make_strategy, strategy_names, validate_config
-from derl_jax.meta.strategies.derl import MetaOptimizerStrategy
-from derl_jax.meta.strategies.evolution import EvolutionStrategy
-from derl_jax.meta.strategies.fixed import FixedStrategy, average_text, fixed, outcome_format_text, outcome_text
+from derl_jax.experiment.checks import validate_config
+from derl_jax.outer import ALL_METHODS, Strategy, make_strategy, strategy_names
+from derl_jax.methods.derl.strategy import MetaOptimizerStrategy
+from derl_jax.methods.evolution.strategy import EvolutionStrategy
+from derl_jax.methods.baselines import FixedStrategy, average_text, fixed, outcome_format_text, outcome_text
 from test_search import (
     CORPUS,
     PRIMITIVES,

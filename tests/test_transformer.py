@@ -168,6 +168,7 @@ def test_cached_decode_matches_full_forward_at_every_step():
 
 @pytest.mark.parametrize("last, remat, cache_kind", [(1, False, "head_major"), (3, True, "layer_major"),
                                                       (7, False, None)])
+@pytest.mark.slow
 def test_keeping_the_last_positions_matches_the_full_forward(last, remat, cache_kind):
     # `last=n` runs the last layer's queries and MLP on n positions only: the same values there,
     # the same cache, the same gradients, and the NumPy reference's logits
@@ -296,6 +297,7 @@ def test_bad_shapes_are_named(model):
         tr.apply(graphdef, params, tokens, tokens, None, attention.init_cache(config, 3, 8), 0)
 
 
+@pytest.mark.slow
 def test_separate_and_side_by_side_projections_match_the_reference_and_each_other(monkeypatch):
     # large models run q/k/v and gate/up as separate matmuls, small ones with the kernels joined
     config = _small()
@@ -314,8 +316,8 @@ def test_separate_and_side_by_side_projections_match_the_reference_and_each_othe
         (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)  # a fresh trace per limit
         np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-5, rtol=1e-5)
         results.append(jax.tree_util.tree_leaves(grads))
-    for separate, joined in zip(*results):
-        np.testing.assert_allclose(np.asarray(separate), np.asarray(joined), atol=1e-5, rtol=1e-5)
+    for separate, joined in zip(*results):  # the same sums in another order: float32 reassociation only
+        np.testing.assert_allclose(np.asarray(separate), np.asarray(joined), atol=5e-5, rtol=1e-4)
 
 
 def _per_head_attention(q, k, v, score_bias):
@@ -331,6 +333,7 @@ def _per_head_attention(q, k, v, score_bias):
     return jnp.concatenate(outs, axis=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_dim, dtype, tol, length", [(16, jnp.float32, 2e-6, 5), (24, jnp.float32, 2e-6, 5),
                                                           (16, jnp.bfloat16, 3e-2, 5), (16, jnp.float32, 2e-6, 1),
                                                           (24, jnp.float32, 2e-6, 1)])

@@ -48,7 +48,7 @@ import numpy as np
 
 from derl_jax.config import int_at_least, int_tuple
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.models.tokenizers import CharTokenizer
 from primitives import registry
 from primitives.arith import (ARITH_ALPHABET, ARITH_PRIMITIVES, BOX_CLOSE, BOX_OPEN, STEP_END, STEP_MARK,  # noqa: F401
@@ -459,5 +459,6 @@ def validate_arith_config(cfg: Any) -> None:
     int_at_least(cfg, "domain.max_new_tokens", 2)
 
 
-register_domain(DomainSpec(name="arith", build=lambda cfg: make_arith_domain(cfg.domain),
-                           primitive_names=lambda cfg: ARITH_PRIMITIVES, validate=validate_arith_config))
+@register_domain("arith", primitive_names=lambda cfg: ARITH_PRIMITIVES, validate=validate_arith_config)
+def build_arith_domain(cfg: Any) -> Domain:
+    return make_arith_domain(cfg.domain)

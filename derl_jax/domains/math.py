@@ -65,7 +65,7 @@ import numpy as np
 
 from derl_jax.config import ConfigError
 from derl_jax.domains.base import Domain, TokenDataset, check_primitive_kinds
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.domains.math_data import MathDataError, MathExample, load_mixture
 from derl_jax.models.hf_tokenizer import HFTokenizer, math_prompt
 from primitives import registry
@@ -445,8 +445,9 @@ def configured_primitive_names(cfg: Any) -> tuple[str, ...]:
     return math_primitive_names(remove, reverse, reward_match(cfg))
 
 
-register_domain(DomainSpec(name=MATH_DOMAIN_KIND, build=make_math_domain, primitive_names=configured_primitive_names,
-                           validate=validate_math_config))
+@register_domain(MATH_DOMAIN_KIND, primitive_names=configured_primitive_names, validate=validate_math_config)
+def build_math_domain(cfg: Any) -> Domain:
+    return make_math_domain(cfg)
 
 
 # ----------------------------------------------------------------------------- tiny assets

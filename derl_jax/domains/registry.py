@@ -1,27 +1,28 @@
-"""Domains by name: each domain module registers a `DomainSpec` when it is imported.
+"""Domains by name: a module of the `derl_jax.domains` package registers its builder.
 
     # derl_jax/domains/coins.py
-    from derl_jax.domains.registry import DomainSpec, register_domain
+    from derl_jax.domains.registry import register_domain
 
-    register_domain(DomainSpec(name="coins", build=make_coins_domain,
-                               primitive_names=lambda cfg: ("correct", "boxed"),
-                               validate=check_coins_config))
+    @register_domain("coins", primitive_names=lambda cfg: ("correct", "boxed"), validate=check_coins_config)
+    def build_coins(cfg) -> Domain: ...
 
 `config.domain.kind` names the domain. `get_domain("coins")` imports `derl_jax.domains.coins`
-on first use, so a new domain is one new module and nothing else lists it.
+(a module or a package) on first use, and every module of the package when the name is not
+found there, so a new domain is one new module and nothing else lists it. The check of the
+`domain` block (`config.validate`) is the domain's own `validate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from typing import Any, Callable
 
+from derl_jax import config
 from derl_jax.config import ConfigError
+from derl_jax.registry import Registry
 
 DOMAIN_PACKAGE = "derl_jax.domains"
-# Modules of the domains package that hold shared code, not a domain (left out of error messages).
+# Modules of the domains package that hold shared code, not a domain.
 SHARED_MODULES = frozenset({"base", "registry", "env", "math_data"})
 
 
@@ -31,7 +32,7 @@ def _no_checks(cfg: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DomainSpec:
-    """How the launcher builds one domain.
+    """How a run builds one domain.
 
     build:            config -> the Domain (data, primitives, tokenizer; no model).
     primitive_names:  config -> the ordered primitive names (g1, g2, ...); cheap, loads no data.
@@ -44,46 +45,50 @@ class DomainSpec:
     validate: Callable[[Any], None] = _no_checks
 
 
-_DOMAINS: dict[str, DomainSpec] = {}
+def _same_spec(a: DomainSpec, b: DomainSpec) -> bool:
+    """A module imported twice registers functions of the same names from the same module."""
+    same_function = lambda f, g: f is g or (getattr(f, "__module__", None), getattr(f, "__qualname__", None)) == (  # noqa: E731
+        getattr(g, "__module__", None), getattr(g, "__qualname__", None))
+    return a == b or all(same_function(getattr(a, f), getattr(b, f)) for f in ("build", "primitive_names", "validate"))
 
 
-def register_domain(spec: DomainSpec) -> DomainSpec:
-    """Register `spec` under `spec.name`; registering another spec under a taken name is an error."""
-    if not isinstance(spec.name, str) or not spec.name.isidentifier():
-        raise ValueError(f"register_domain: the name must be a Python identifier, got {spec.name!r}")
-    existing = _DOMAINS.get(spec.name)
-    if existing is not None and existing != spec:
-        raise ValueError(f"register_domain: a domain named {spec.name!r} is already registered")
-    _DOMAINS[spec.name] = spec
-    return spec
+DOMAINS = Registry("domain", (DOMAIN_PACKAGE,), skip=SHARED_MODULES, same=_same_spec)
+
+
+def register_domain(name: str, *, primitive_names: Callable[[Any], tuple[str, ...]],
+                    validate: Callable[[Any], None] = _no_checks) -> Callable[[Callable], Callable]:
+    """Decorator registering the builder `config -> Domain` as domain `name` (a Python identifier)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_domain: the name must be a Python identifier, got {name!r}")
+
+    def register(build: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        DOMAINS.add(name, DomainSpec(name, build, primitive_names, validate))
+        return build
+
+    return register
 
 
 def get_domain(name: str) -> DomainSpec:
-    """The spec of domain `name`, importing `derl_jax.domains.<name>` when it is not registered yet.
-
-    An unknown name raises ConfigError naming `config.domain.kind` and the known domains.
-    """
+    """The spec of domain `name`; ConfigError naming `config.domain.kind` and the known domains."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError(f"config.domain.kind must name a domain, one of {available_domains()}, got {name!r}")
-    if name not in _DOMAINS:
-        module = f"{DOMAIN_PACKAGE}.{name}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-    if name not in _DOMAINS:
+    spec = DOMAINS.find(name, f"{DOMAIN_PACKAGE}.{name}")
+    if spec is None:
         raise ConfigError(f"config.domain.kind must be one of {available_domains()}, got {name!r}")
-    return _DOMAINS[name]
-
-
-def registered_domains() -> tuple[str, ...]:
-    """Names registered so far in this process (sorted); see `available_domains` for all."""
-    return tuple(sorted(_DOMAINS))
+    return spec
 
 
 def available_domains() -> tuple[str, ...]:
-    """Registered names plus the modules of the domains package that may register one (sorted)."""
-    package = importlib.import_module(DOMAIN_PACKAGE)
-    modules = {m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")}
-    return tuple(sorted(set(_DOMAINS) | (modules - SHARED_MODULES)))
+    """Every registered domain name, after discovery (sorted)."""
+    return tuple(sorted(DOMAINS.entries()))
+
+
+def check_domain_block(cfg: Any) -> None:
+    """`config.domain.kind` names a registered domain, whose own checks pass."""
+    kind = config.config_value(cfg, "domain.kind")
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"config.domain.kind must name a domain, got {kind!r}")
+    get_domain(kind).validate(cfg)
+
+
+config.register_check("domain", check_domain_block)

@@ -31,7 +31,7 @@ import numpy as np
 
 from derl_jax.expr.ast import Expr, primitive_indices
 from derl_jax.expr.parse import ExpressionError, parse
-from derl_jax.expr.program import ProgramError, compile_expr
+from derl_jax.expr.program import Program, ProgramError, compile_expr
 from derl_jax.expr.vm import evaluate_numpy
 
 MAX_ABS_REWARD = 1e4
@@ -87,16 +87,23 @@ def check(expr: Expr, num_primitives: int, *, outcome_index: int = 0, probes: np
     `probes`: optional f32[M, num_primitives] points replacing the default probe set.
     `outcome_index` must name one of the primitives (it is what `structure` measures against).
     """
+    return check_compiled(expr, num_primitives, outcome_index=outcome_index, probes=probes)[0]
+
+
+def check_compiled(expr: Expr, num_primitives: int, *, outcome_index: int = 0,
+                   probes: np.ndarray | None = None) -> tuple[Validity, Program | None]:
+    """(`check`'s Validity, the Program it compiled and ran on the probes; None when it could not
+    compile), so that a caller needing the program does not compile the expression again."""
     if not 0 <= outcome_index < num_primitives:
         raise ValueError(f"outcome_index {outcome_index} is not a primitive index below {num_primitives}")
     unknown = sorted(i for i in primitive_indices(expr) if i >= num_primitives)
     if unknown:
         names = ", ".join(f"g{i + 1}" for i in unknown)
-        return Validity(False, f"unknown primitive {names}", f"only g1..g{num_primitives} exist")
+        return Validity(False, f"unknown primitive {names}", f"only g1..g{num_primitives} exist"), None
     try:
         program = compile_expr(expr, num_primitives=num_primitives)
     except ProgramError as err:
-        return Validity(False, f"program: {err}")
+        return Validity(False, f"program: {err}"), None
     points = probe_points(num_primitives) if probes is None else np.asarray(probes, np.float32)
     if points.ndim != 2 or points.shape[1] != num_primitives:
         raise ValueError(f"probes must be [M, {num_primitives}], got {points.shape}")
@@ -106,18 +113,25 @@ def check(expr: Expr, num_primitives: int, *, outcome_index: int = 0, probes: np
         bad = ~np.isfinite(values)
         if bad.any():
             j = int(np.argmax(bad))
-            return Validity(False, "not finite (NaN) on a probe point", _where(points[j], progress))
+            return Validity(False, "not finite (NaN) on a probe point", _where(points[j], progress)), program
         big = np.abs(values) > MAX_ABS_REWARD
         if big.any():
             j = int(np.argmax(big))
             return Validity(
                 False, f"|reward| > {MAX_ABS_REWARD:g} on a probe point", f"{values[j]:.4g} at {_where(points[j], progress)}"
-            )
+            ), program
         scale = max(1.0, float(np.max(np.abs(values))))
         spreads.append(float(np.max(values) - np.min(values)) / scale)
     if max(spreads) <= CONSTANT_TOL:
-        return Validity(False, "constant: does not depend on any primitive")
-    return VALID
+        return Validity(False, "constant: does not depend on any primitive"), program
+    return VALID, program
+
+
+def num_primitives_of(primitive_names: Sequence[str] | Mapping[str, int]) -> int:
+    """How many primitives a name list (or a symbol table name -> index) stands for."""
+    if isinstance(primitive_names, Mapping):
+        return max(primitive_names.values(), default=-1) + 1
+    return len(primitive_names)
 
 
 def check_text(text: str, primitive_names: Sequence[str] | Mapping[str, int], *, outcome_index: int = 0):
@@ -126,8 +140,4 @@ def check_text(text: str, primitive_names: Sequence[str] | Mapping[str, int], *,
         expr = parse(text, primitive_names)
     except ExpressionError as err:
         return None, Validity(False, f"parse error at {err.position}: {err.reason}")
-    if isinstance(primitive_names, Mapping):
-        count = max(primitive_names.values(), default=-1) + 1
-    else:
-        count = len(primitive_names)
-    return expr, check(expr, count, outcome_index=outcome_index)
+    return expr, check(expr, num_primitives_of(primitive_names), outcome_index=outcome_index)

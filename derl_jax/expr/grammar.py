@@ -23,7 +23,8 @@ Syntax, by phase:
     A unary `-` is allowed only at the *start* of an expression or argument (never after a
     binary operator, never twice), so texts like `g1*-g2` or `--g1` are not produced.
   * a number: at most 3 integer digits and no leading zero (`0` may be followed only by
-    `.`); a `.` must be followed by 1 to 3 decimal digits, so no number ends with `.`.
+    `.`); a `.` must be followed by 1 to `max_decimals` decimal digits (3 unless the grammar
+    is made with more; 8 writes the paper's 0.00000001), so no number ends with `.`.
     While the digits so far form a complete number, everything allowed after an operand
     is allowed too.
   * after a complete operand: `+ - * /`, `**` (see below), `)` when the innermost context
@@ -71,7 +72,8 @@ FIXED_SYMBOLS = (PAD, BOS, EOS, "u", *DIGIT_SYMBOLS, ".", "+", "-", "*", "/", "*
 CALL_ARGUMENTS = {"min(": 2, "max(": 2, "abs(": 1, "clip(": 3}
 
 MAX_INTEGER_DIGITS = 3
-MAX_FRACTION_DIGITS = 3
+MAX_FRACTION_DIGITS = 3  # the default of `max_decimals`
+MAX_DECIMALS = 12  # the most `max_decimals` may be (float32 holds about 7 significant digits)
 EXPONENT_DIGITS = (1, 2, 3)  # and the literal 0.5
 
 # Symbol kinds.
@@ -120,13 +122,15 @@ def vocabulary(num_primitives: int) -> tuple[str, ...]:
 class Grammar:
     """The vocabulary and limits of constrained expression decoding (a pytree with no leaves).
 
-    Build it with `make_grammar`. `max_length` counts symbols including `<eos>`.
+    Build it with `make_grammar`. `max_length` counts symbols including `<eos>`;
+    `max_decimals` is the most digits after a number's decimal point.
     """
 
     num_primitives: int = struct.field(pytree_node=False)
     max_length: int = struct.field(pytree_node=False)
     max_depth: int = struct.field(pytree_node=False)
     symbols: tuple[str, ...] = struct.field(pytree_node=False)
+    max_decimals: int = struct.field(pytree_node=False, default=MAX_FRACTION_DIGITS)
 
     @property
     def pad_id(self) -> int:
@@ -188,7 +192,25 @@ class Grammar:
         ids = np.full(self.max_length, self.pad_id, np.int32)
         ids[: len(tokens)] = [symbol_id for symbol_id, _ in tokens]
         ids[len(tokens)] = self.eos_id
-        allowed_steps, syntax_steps, phases = (np.asarray(a) for a in _trace(self, jnp.asarray(ids)))
+        self._check_trace(text, tokens, ids, len(tokens) + 1)
+        return ids[: len(tokens) + 1].tolist()
+
+    def encode_prefix(self, text: str) -> list[int]:
+        """Ids of `text` (no `<eos>`) when the automaton could sample it as the beginning of an
+        expression: every symbol allowed in turn, with room left to finish within `max_length`.
+        ValueError naming the first offending symbol otherwise (as `encode`)."""
+        tokens = self._tokens(text)
+        if len(tokens) >= self.max_length:
+            raise ValueError(f"cannot encode {text!r} as a prefix: its {len(tokens)} symbols leave no room for "
+                             f"<eos> within max_length={self.max_length}")
+        ids = np.full(self.max_length, self.pad_id, np.int32)
+        ids[: len(tokens)] = [symbol_id for symbol_id, _ in tokens]
+        self._check_trace(text, tokens, ids, len(tokens))
+        return ids[: len(tokens)].tolist()
+
+    def _check_trace(self, text: str, tokens: list[tuple[int, int]], ids: np.ndarray, checked: int) -> None:
+        """ValueError naming the first of the first `checked` symbols of `ids` i32[max_length] the mask forbids."""
+        allowed_steps, syntax_steps, phases = (np.asarray(a)[:checked] for a in _trace(self, jnp.asarray(ids)))
         if not allowed_steps.all():
             step = int(np.argmin(allowed_steps))
             where = f"at character {tokens[step][1]}" if step < len(tokens) else "at the end"
@@ -198,7 +220,6 @@ class Grammar:
                 reason += f" (it would leave too little room to finish within max_length={self.max_length}, "
                 reason += f"{MAX_TEXT_LENGTH} characters or {MAX_NODES} nodes)"
             raise ValueError(f"cannot encode {text!r}: symbol {symbol!r} {where} is not allowed {reason}")
-        return ids[: len(tokens) + 1].tolist()
 
     def _tokens(self, text: str) -> list[tuple[int, int]]:
         """(symbol id, character offset) for each symbol of `text`."""
@@ -226,16 +247,20 @@ class Grammar:
         return tokens
 
 
-def make_grammar(num_primitives: int, max_length: int, max_depth: int = 8) -> Grammar:
+def make_grammar(num_primitives: int, max_length: int, max_depth: int = 8,
+                 max_decimals: int = MAX_FRACTION_DIGITS) -> Grammar:
     """A grammar over `g1..g{num_primitives}` for sequences of at most `max_length` symbols
-    (`<eos>` included) with at most `max_depth` nested parentheses/calls."""
+    (`<eos>` included) with at most `max_depth` nested parentheses/calls and at most
+    `max_decimals` digits after a decimal point."""
     if not isinstance(num_primitives, int) or num_primitives < 1:
         raise ValueError(f"make_grammar: num_primitives must be a positive int, got {num_primitives!r}")
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"make_grammar: max_length must be an int >= 2 (an operand and <eos>), got {max_length!r}")
     if not isinstance(max_depth, int) or not 1 <= max_depth <= MAX_NESTING:
         raise ValueError(f"make_grammar: max_depth must be an int in [1, {MAX_NESTING}], got {max_depth!r}")
-    return Grammar(num_primitives, max_length, max_depth, vocabulary(num_primitives))
+    if isinstance(max_decimals, bool) or not isinstance(max_decimals, int) or not 1 <= max_decimals <= MAX_DECIMALS:
+        raise ValueError(f"make_grammar: max_decimals must be an int in [1, {MAX_DECIMALS}], got {max_decimals!r}")
+    return Grammar(num_primitives, max_length, max_depth, vocabulary(num_primitives), max_decimals)
 
 
 class _Tables(NamedTuple):
@@ -422,7 +447,7 @@ def _syntax_allowed(grammar: Grammar, state: GrammarState) -> jax.Array:
         expecting
         | ((phase == INTEGER) & (state.digits < MAX_INTEGER_DIGITS) & ~state.leading_zero)
         | (phase == FRACTION_START)
-        | ((phase == FRACTION) & (state.digits < MAX_FRACTION_DIGITS))
+        | ((phase == FRACTION) & (state.digits < grammar.max_decimals))
         | ((phase == EXPONENT) & jnp.isin(digit, jnp.asarray((0, *EXPONENT_DIGITS))))
         | ((phase == EXPONENT_HALF) & (digit == 5))
     )

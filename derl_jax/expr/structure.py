@@ -39,8 +39,8 @@ from typing import Optional
 import numpy as np
 
 from derl_jax.expr.ast import Binary, Call, Expr, Num, Prim, Unary, Var, primitive_indices
-from derl_jax.expr.check import PROGRESS_PROBES, check, probe_points
-from derl_jax.expr.program import compile_expr
+from derl_jax.expr.check import PROGRESS_PROBES, Validity, check_compiled, probe_points
+from derl_jax.expr.program import Program, compile_expr
 from derl_jax.expr.vm import evaluate_numpy
 
 STABLE, UNSTABLE, INVALID = "stable", "unstable", "invalid"
@@ -103,9 +103,10 @@ def has_unbounded_product(expr: Expr, normalised: bool = False) -> bool:
     return has_unbounded_product(expr.left, normalised) or has_unbounded_product(expr.right, normalised)
 
 
-def rise(expr: Expr, num_primitives: int, index: int) -> np.ndarray:
-    """D = r(g_index = 1) - r(g_index = 0) at every probe context and u (NaN entries dropped)."""
-    program = compile_expr(expr, num_primitives=num_primitives)
+def rise(expr: Expr, num_primitives: int, index: int, program: Program | None = None) -> np.ndarray:
+    """D = r(g_index = 1) - r(g_index = 0) at every probe context and u (NaN entries dropped);
+    `program`: `expr` already compiled."""
+    program = compile_expr(expr, num_primitives=num_primitives) if program is None else program
     points = np.array(probe_points(num_primitives))
     high, low = points.copy(), points.copy()
     high[:, index], low[:, index] = 1.0, 0.0
@@ -116,18 +117,25 @@ def rise(expr: Expr, num_primitives: int, index: int) -> np.ndarray:
     return np.concatenate(diffs)
 
 
-def structure(expr: Expr, num_primitives: int, outcome_index: Optional[int] = 0) -> str:
-    """"stable" | "unstable" | "invalid" by the rule in the module docstring."""
-    validity = check(expr, num_primitives, outcome_index=0 if outcome_index is None else outcome_index)
+def structure(expr: Expr, num_primitives: int, outcome_index: Optional[int] = 0, *,
+              checked: tuple[Validity, Program | None] | None = None) -> str:
+    """"stable" | "unstable" | "invalid" by the rule in the module docstring.
+
+    checked: `check_compiled(expr, num_primitives, ...)` already computed for this `expr`
+    (its Validity and Program), so the expression is neither compiled nor checked again.
+    """
+    if checked is None:
+        checked = check_compiled(expr, num_primitives, outcome_index=0 if outcome_index is None else outcome_index)
+    validity, program = checked
     if not validity.ok:
         return INVALID
     if outcome_index is not None:
-        d = rise(expr, num_primitives, outcome_index)
+        d = rise(expr, num_primitives, outcome_index, program)
         if d.size == 0 or float(d.max()) <= MONOTONE_TOL:
             return INVALID
     else:
         used = sorted(primitive_indices(expr))
-        if all(float(np.max(rise(expr, num_primitives, j), initial=-np.inf)) <= MONOTONE_TOL for j in used):
+        if all(float(np.max(rise(expr, num_primitives, j, program), initial=-np.inf)) <= MONOTONE_TOL for j in used):
             return INVALID
     if has_unbounded_product(expr):
         return UNSTABLE

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-if TYPE_CHECKING:
-    from derl_jax.models.transformer import ModelConfig
+from derl_jax.models.config import ModelConfig
 
 MASKED_SCORE = float(np.finfo(np.float32).min)
 

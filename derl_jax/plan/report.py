@@ -4,11 +4,12 @@
     python -m derl_jax.plan.report --preset=agent_1_5b --devices=64 --accelerator=h200 --json=plan.json
     python -m derl_jax.plan.report --preset=math_3b --devices=8 --compile   # + the compiler's figures
 
-From a run config (what `launch/run.py --mode=plan` calls):
+From a run config (what `launch/run.py --mode=plan [--plan_devices=8,64]` calls):
 
-    plan_from_config(cfg, accelerators=("h100",), compile=False, domain=None) -> {"plans": [...], "table": str}
+    plan_from_config(cfg, accelerators=("h100",), compile=False, domain=None, devices=())
+        -> {"plans": [...], "settings": [str], "table": str}
 
-Memory figures are per device in bytes: params (starting policy + the device's trained
+Memory figures are per device in bytes (the table prints each with its unit, GiB or MiB): params (starting policy + the device's trained
 copies), optimizer state, gradients and KV cache from `analytic`; activations/temporaries
 from the compiler's memory analysis when compiled (largest `temp` over the pieces), else the
 analytic estimate. The peak is the compiler's (largest argument + output + temp - aliased
@@ -24,13 +25,16 @@ import os
 from typing import Any, Sequence
 
 from derl_jax.models import transformer as tr
+from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
 from derl_jax.plan import analytic, roofline
 from derl_jax.plan.analytic import RunShape
 
-# The paper's settings. MATH: Qwen2.5-3B, group 5, 64 prompts, 512 + 512 tokens, 4 minibatches,
-# KL 0.001 (a reference forward), remat, n = 8 candidates. Agent (ALFWorld/ScienceWorld):
-# Qwen2.5-1.5B-Instruct, 16 tasks x group 8, 50 turns, 1024-token turn prompts (task + recent
-# history), 128-token actions, 8 minibatches, n = 8.
+# The shapes of the paper presets that ship (tests/test_paper_presets.py holds them equal to
+# `shape_from_config` of configs/math.py and configs/alfworld.py / scienceworld.py, whose
+# `--mode=plan` gives the same figures). MATH: Qwen2.5-3B, group 5, 64 prompts, 512 + 512
+# tokens, 4 minibatches, KL 0.001 (a reference forward), remat, n = 8 candidates. Agent
+# (ALFWorld/ScienceWorld): Qwen2.5-1.5B-Instruct, 16 tasks x group 8, 50 turns, 1024-token turn
+# prompts (task + recent history), 128-token actions, 8 minibatches, n = 8.
 PRESETS = {
     "math_3b": lambda: RunShape(tr.qwen2_5_3b(dtype="bfloat16", remat=True), num_candidates=8,
                                 prompts_per_step=64, group_size=5, prompt_tokens=512, new_tokens=512,
@@ -42,10 +46,10 @@ PRESETS = {
 
 
 def gib(value: float) -> str:
-    """GiB with one decimal; below 0.1 GiB, MiB."""
+    """Bytes as GiB with one decimal and the unit ("51.6 GiB"); below 0.1 GiB, as MiB ("12.30 MiB")."""
     if value < 0.1 * (1 << 30):
         return f"{value / (1 << 20):.2f} MiB"
-    return f"{value / (1 << 30):.1f}"
+    return f"{value / (1 << 30):.1f} GiB"
 
 
 def plan(shape: RunShape, device: str | roofline.Accelerator, compiled: dict | None = None) -> dict[str, Any]:
@@ -95,10 +99,11 @@ def suggestion_text(suggestion: dict | None) -> str:
 
 
 def format_table(plans: Sequence[dict], title: str = "") -> str:
-    """A Markdown table of plans: GiB per device (usable = 90% of the device's memory), TFLOP
-    per device per step, chunk = candidates trained at once."""
-    header = ("| accelerator | devices | mesh (cand, data, model) | chunk | minibatches | params | optimizer | "
-              "grads | KV cache | activations/temps | peak / usable | TFLOP/step | roofline step (s) | fits? |")
+    """A Markdown table of plans: memory per device, each figure with its unit (usable = 90% of
+    the device's memory), TFLOP per device per step, chunk = candidates trained at once."""
+    header = ("| accelerator | devices | mesh (cand, data, model) | chunk | minibatches | params / device | "
+              "optimizer / device | grads / device | KV cache / device | activations/temps / device | "
+              "peak / usable per device | TFLOP/step per device | roofline step (s) | fits? |")
     lines = ([f"**{title}**", ""] if title else []) + [header, "|" + "---|" * 14]
     for p in plans:
         fit = "yes" if p["fits"] else f"no: {suggestion_text(p.get('suggestion'))}"
@@ -127,7 +132,7 @@ def _field(cfg: Any, dotted: str, default: Any = None) -> Any:
 
 def model_config_from_run(cfg: Any, vocab_size: int | None = None) -> tr.ModelConfig:
     """The policy's ModelConfig: its checkpoint's config.json when the directory exists, else
-    the `policy.*` sizes (with `policy.vocab_size`, or `vocab_size`: the domain tokenizer's)."""
+    the `policy.*` sizes (with `vocab_size`, the built domain tokenizer's, else `policy.vocab_size`)."""
     from derl_jax.models import hf
 
     compute = _field(cfg, "policy.compute_dtype") or "bfloat16"
@@ -139,7 +144,7 @@ def model_config_from_run(cfg: Any, vocab_size: int | None = None) -> tr.ModelCo
                                  compute_dtype=compute, remat=remat)
     sizes = {name: _field(cfg, f"policy.{name}") for name in
              ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")}
-    sizes["vocab_size"] = sizes["vocab_size"] or vocab_size
+    sizes["vocab_size"] = vocab_size or sizes["vocab_size"]  # a built domain's tokenizer is what the policy embeds
     missing = [name for name, value in sizes.items() if value is None]
     if missing:
         raise ValueError(f"plan: policy.{missing[0]} is not set and policy.checkpoint {checkpoint!r} is not a "
@@ -148,17 +153,36 @@ def model_config_from_run(cfg: Any, vocab_size: int | None = None) -> tr.ModelCo
                           remat=remat)
 
 
+TURN_FIELDS = ("description_length", "history", "obs_length", "action_length", "max_turns")
+
+
+def turn_shape(cfg: Any) -> tuple[int, int, int] | None:
+    """(prompt tokens, action tokens, turns) of a multi-turn domain whose config gives them all
+    (`TURN_FIELDS`; ALFWorld, ScienceWorld): a turn's prompt is the task line with its <bos>
+    plus `history` turns of an observation and an action; None for other domains."""
+    values = [_field(cfg, f"domain.{name}") for name in TURN_FIELDS]
+    if any(value is None for value in values):
+        return None
+    description, history, obs, action, turns = (int(v) for v in values)
+    return description + 1 + history * (obs + action), action, turns
+
+
 def shape_from_config(cfg: Any, model: tr.ModelConfig | None = None, *, domain: Any = None) -> RunShape:
     """The RunShape of a run config (policy.*, inner.*, domain.max_new_tokens /
-    max_prompt_tokens, outer.num_candidates, mesh.*; a -1 mesh size counts as 1). A built
-    `domain` supplies what the config leaves to it: the tokenizer's vocabulary, the prompt
-    length, and for multi-turn domains the episode length."""
+    max_prompt_tokens or a multi-turn domain's `turn_shape`, outer.num_candidates, mesh.*; a -1
+    mesh size counts as 1). A built `domain` supplies what the config leaves to it: the
+    tokenizer's vocabulary, the prompt length, and for multi-turn domains the episode length."""
+    turned = turn_shape(cfg) if domain is None else None
     prompt = _field(cfg, "domain.max_prompt_tokens") or (domain.prompt_length if domain is not None else None)
+    prompt = prompt or (turned[0] if turned else None)
     if prompt is None:
         raise ValueError("plan: domain.max_prompt_tokens is not set (and no domain was built to read it from)")
     vocab = domain.tokenizer.vocab_size if domain is not None else None
-    new_tokens = domain.max_new_tokens if domain is not None else _field(cfg, "domain.max_new_tokens", 16)
-    turns = int(getattr(domain.env, "max_turns", 1)) if domain is not None and domain.rollout == "env" else 1
+    if domain is not None:
+        new_tokens = domain.max_new_tokens
+        turns = int(getattr(domain.env, "max_turns", 1)) if domain.rollout == "env" else 1
+    else:
+        new_tokens, turns = (turned[1], turned[2]) if turned else (_field(cfg, "domain.max_new_tokens", 16), 1)
     mesh = tuple(max(int(_field(cfg, f"mesh.{axis}", 1)), 1) for axis in ("cand", "data", "model"))
     return RunShape(
         model or model_config_from_run(cfg, vocab), num_candidates=int(_field(cfg, "outer.num_candidates", 1)),
@@ -169,18 +193,75 @@ def shape_from_config(cfg: Any, model: tr.ModelConfig | None = None, *, domain: 
         mesh=mesh, turns=turns)
 
 
+def on_devices(shape: RunShape, count: int, device: str | roofline.Accelerator) -> RunShape:
+    """`shape` on `count` devices: the first layout that fits (`roofline.suggest`, minibatches
+    raised if needed), else the candidates spread as far as `count` allows and the rest on the
+    `model` axis (shown as it is, with the suggestion)."""
+    choice = roofline.suggest(shape.replace(mesh=(count, 1, 1), chunk_size=0), roofline.accelerator(device),
+                              max_devices=count)
+    if choice and choice["devices"] == count:
+        return shape.replace(mesh=tuple(choice["mesh"]), chunk_size=choice["chunk_size"],
+                             minibatches=choice["minibatches"])
+    cand = math.gcd(count, shape.num_candidates)
+    return shape.replace(mesh=(cand, 1, count // cand), chunk_size=0)
+
+
+def settings_lines(cfg: Any) -> list[str]:
+    """The resolved settings a plan is for, one line per part of the run: the policy, the inner
+    loop, the Meta-Optimizer (its backbone, training settings and grammar), the outer loop with
+    DERL-pop's schedule, and the final policies' steps."""
+    def get(path: str, default: Any = "-") -> Any:
+        value = _field(cfg, path, default)
+        return default if value is None else value
+
+    meta = [f"meta.backbone={get('meta.backbone')}"]
+    if get("meta.backbone") == "hf":
+        meta.append(f"meta.hf_path={get('meta.hf_path')}")
+    meta += [f"meta.{name}={get('meta.' + name)}" for name in
+             ("lr", "cold_start_lr", "cold_start_steps", "kl", "kl_kind", "epochs", "max_symbols", "max_depth",
+              "max_decimals")]
+    meta.append(f"task/primitive descriptions: {'yes' if get('meta.task_description', '') else 'no'}/"
+                f"{len(tuple(get('meta.primitive_descriptions', ()) or ()))}")
+    lines = [
+        f"policy: checkpoint={get('policy.checkpoint', '') or '(scratch)'} param_dtype={get('policy.param_dtype')} "
+        f"compute_dtype={get('policy.compute_dtype', '') or '(bfloat16 on accelerators)'}",
+        f"inner: steps={get('inner.steps')} prompts_per_step={get('inner.prompts_per_step')} "
+        f"group_size={get('inner.group_size')} lr={get('inner.lr')} kl={get('inner.kl')} "
+        f"minibatches={get('inner.minibatches')} epochs={get('inner.epochs')}",
+        "Meta-Optimizer: " + " ".join(meta),
+    ]
+    if _field(cfg, "outer.iterations") is not None and _field(cfg, "final.steps") is not None:
+        pop_iterations, pop_steps = population_iterations(cfg), population_inner_steps(cfg)
+        lines += [
+            f"outer: iterations={get('outer.iterations')} num_candidates={get('outer.num_candidates')}; "
+            f"DERL-pop {pop_iterations} iterations x {pop_steps} inner steps = {pop_iterations * pop_steps}",
+            f"final: search methods {final_steps(cfg, True)} steps, fixed baselines {final_steps(cfg, False)} steps",
+        ]
+    return lines
+
+
 def plan_from_config(cfg: Any, accelerators: Sequence[str] = ("h100", "h200"), compile: bool = False,
-                     domain: Any = None) -> dict:
-    """{"shape": RunShape as a dict, "plans": [plan per accelerator], "table": Markdown}.
-    With `compile`, the pieces are compiled in a subprocess on prod(mesh) fake CPU devices.
-    What `launch/run.py --mode=plan` prints."""
+                     domain: Any = None, devices: Sequence[int] = ()) -> dict:
+    """{"shape": RunShape as a dict, "plans": [plan per accelerator (per device count)],
+    "settings": `settings_lines`, "table": Markdown}: the configured mesh, or with `devices`
+    each count's first layout that fits (`on_devices`). With `compile`, the pieces are compiled
+    in a subprocess on prod(mesh) fake CPU devices. What `launch/run.py --mode=plan` prints."""
     from derl_jax.plan import compiled as compiled_lib
 
     shape = shape_from_config(cfg, domain=domain)
-    compiled = compiled_lib.plan_in_subprocess(shape) if compile else None
-    plans = [plan(shape, name, compiled) for name in accelerators]
+    layouts = [(shape, name) for name in accelerators] if not devices else [
+        (on_devices(shape, int(count), name), name) for count in devices for name in accelerators]
+    compiled_by_layout: dict = {}
+    plans = []
+    for laid_out, name in layouts:
+        key = (laid_out.mesh, laid_out.chunk_size, laid_out.minibatches)
+        if compile and key not in compiled_by_layout:
+            compiled_by_layout[key] = compiled_lib.plan_in_subprocess(laid_out)
+        plans.append(plan(laid_out, name, compiled_by_layout.get(key)))
+    settings = settings_lines(cfg)
     return {"shape": json.loads(compiled_lib.shape_to_json(shape)), "plans": plans,
-            "compiled": compiled, "table": format_table(plans)}
+            "compiled": compiled_by_layout.get((shape.mesh, shape.chunk_size, shape.minibatches)),
+            "settings": settings, "table": "\n".join(settings) + "\n\n" + format_table(plans)}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -199,17 +280,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for count in args.devices:
         for name in args.accelerator:
             shape = PRESETS[args.preset]()
-            if args.mesh:
-                shape = shape.replace(mesh=tuple(args.mesh))
-            else:
-                choice = roofline.suggest(shape.replace(mesh=(count, 1, 1)), roofline.accelerator(name),
-                                          max_devices=count)
-                if choice and choice["devices"] == count:
-                    shape = shape.replace(mesh=tuple(choice["mesh"]), chunk_size=choice["chunk_size"],
-                                          minibatches=choice["minibatches"])
-                else:  # shown as it is, with the suggestion
-                    cand = math.gcd(count, shape.num_candidates)
-                    shape = shape.replace(mesh=(cand, 1, count // cand))
+            shape = shape.replace(mesh=tuple(args.mesh)) if args.mesh else on_devices(shape, count, name)
             key = (shape.mesh, shape.chunk_size, shape.minibatches)
             if args.compile and key not in compiled_by_mesh:
                 compiled_by_mesh[key] = compiled_lib.plan_in_subprocess(shape, with_flops=False)

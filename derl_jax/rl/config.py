@@ -135,23 +135,22 @@ def _value(block: Any, name: str, default: Any = dataclasses.MISSING) -> Any:
     return default
 
 
+# config.inner key -> GRPOConfig field, for the GRPO settings a run config may set
+GRPO_KEYS = {"lr": "learning_rate", "kl": "kl_coef", "kl_kind": "kl_kind", "epochs": "epochs",
+             "minibatches": "minibatches", "clip_low": "clip_low", "clip_high": "clip_high",
+             "normalize_std": "normalize_std", "loss_agg": "loss_agg", "max_grad_norm": "max_grad_norm",
+             "weight_decay": "weight_decay", "warmup_steps": "warmup_steps"}
+
+
 def grpo_config(block: Any) -> GRPOConfig:
-    """The GRPOConfig of a `config.inner` block (group_size is set by InnerConfig)."""
-    max_grad_norm = _value(block, "max_grad_norm", 1.0)
-    return GRPOConfig(
-        learning_rate=float(_value(block, "lr")),
-        kl_coef=float(_value(block, "kl", 0.0)),
-        kl_kind=str(_value(block, "kl_kind", "k3")),
-        epochs=int(_value(block, "epochs", 1)),
-        minibatches=int(_value(block, "minibatches", 1)),
-        clip_low=float(_value(block, "clip_low", 0.2)),
-        clip_high=float(_value(block, "clip_high", 0.2)),
-        normalize_std=bool(_value(block, "normalize_std", True)),
-        loss_agg=str(_value(block, "loss_agg", "token_mean")),
-        max_grad_norm=float(max_grad_norm) if max_grad_norm else None,
-        weight_decay=float(_value(block, "weight_decay", 0.0)),
-        warmup_steps=int(_value(block, "warmup_steps", 0)),
-    )
+    """The GRPOConfig of a `config.inner` block: `lr` required, every other key of `GRPO_KEYS`
+    at GRPOConfig's default when absent (group_size is set by InnerConfig)."""
+    defaults = GRPOConfig()
+    values = {field: _value(block, key, dataclasses.MISSING if key == "lr" else getattr(defaults, field))
+              for key, field in GRPO_KEYS.items()}
+    casts = {field: type(getattr(defaults, field)) for field in values}
+    casts["max_grad_norm"] = lambda norm: float(norm) if norm else None   # 0 or None: no clipping
+    return GRPOConfig(**{field: casts[field](value) for field, value in values.items()})
 
 
 def inner_config(cfg: Any, max_new_tokens: int) -> InnerConfig:

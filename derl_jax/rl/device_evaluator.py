@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.evaluator import CandidateResults
+from derl_jax.rl.evaluator import CandidateResults
 from derl_jax.expr.program import Program
 from derl_jax.models.transformer import param_partition_specs
 from derl_jax.parallel import CAND_AXIS, gather_to_host, put_global
@@ -31,11 +31,11 @@ DISPATCH_MODES = ("batched", "loop")
 
 
 class DeviceEvaluator:
-    """The inner loop as the outer loop uses it (`derl_jax.evaluator.CandidateEvaluator`).
+    """The inner loop as the outer loop uses it (`derl_jax.rl.evaluator.CandidateEvaluator`).
 
     evaluate_candidates(programs Program[K], init_params, key, train_set, val_set)
         -> CandidateResults(scores np.f32[K], curves name -> np.f32[K, S], params [K, ...])
-    train_final(program, init_params, key, train_set) -> (params, curves name -> np.f32[S_final])
+    train_final(program, init_params, key, train_set, *, steps=None) -> (params, curves name -> np.f32[S_final])
     accuracy(params, dataset) -> float
 
     Candidate k trains with `candidate_keys(key, K)[k]`: `key` itself under
@@ -215,13 +215,16 @@ class DeviceEvaluator:
         accuracy = self._jit("accuracy", self.search_loop, self.search_loop.accuracy, params, lambda p: PartitionSpec())
         return accuracy(self._place(params, self._policy_specs(params)), self._place_replicated(dataset))
 
-    def train_final(self, program: Program, init_params: Any, key, train_set: TokenDataset) -> tuple[Any, dict]:
-        """A fresh policy trained with one program for the final-mode steps -> (params, curves [S]).
+    def train_final(self, program: Program, init_params: Any, key, train_set: TokenDataset, *,
+                    steps: int | None = None) -> tuple[Any, dict]:
+        """A fresh policy trained with one program for `steps` (None: the final-mode steps,
+        cfg.final_steps) -> (params, curves [S]).
 
         Runs the unbatched `train` with `key` itself, so it equals candidate k of
         `evaluate_candidates` when given `candidate_keys(key, K)[k]` (and equal steps).
         """
-        params, metrics = self._train_one(self.final_loop, program, init_params, key, train_set)
+        loop = self.final_loop if steps is None else self.loop_for(steps)
+        params, metrics = self._train_one(loop, program, init_params, key, train_set)
         return params, {name: np.asarray(values) for name, values in metrics.items()}
 
     def with_dispatch(self, dispatch: str) -> "DeviceEvaluator":
@@ -239,6 +242,15 @@ class DeviceEvaluator:
         for (name, _, _), fn in self._jitted.items():
             sizes[name] = sizes.get(name, 0) + fn._cache_size()
         return sizes
+
+    def item_scores(self, params: Any, dataset: TokenDataset) -> np.ndarray:
+        """f32[N]: each example's greedy success under one policy (their mean is `accuracy`)."""
+        if params_candidate_axis(self.graphdef, params) is not None:
+            raise ValueError("item_scores: params must be one policy")
+        scores = self._jit("item_scores", self.search_loop, self.search_loop.item_scores, params,
+                           lambda p: PartitionSpec())
+        placed = self._place(params, self._policy_specs(params))
+        return np.asarray(gather_to_host(scores(placed, self._place_replicated(dataset))), np.float32)
 
     def accuracy(self, params: Any, dataset: TokenDataset) -> float:
         """Greedy pass@1 of one policy on `dataset`."""

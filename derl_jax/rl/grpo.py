@@ -240,7 +240,7 @@ class GRPOConfig:
     b1, b2 (adam/adamw), warmup_steps (linear warmup: step k uses lr * min(1, (k+1)/warmup)).
     """
 
-    group_size: int = 8
+    group_size: int = 4
     normalize_std: bool = True
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -250,7 +250,7 @@ class GRPOConfig:
     epochs: int = 1
     minibatches: int = 1
     max_grad_norm: float | None = 1.0
-    learning_rate: float = 1e-5
+    learning_rate: float = 3e-4
     optimizer: str = "adamw"
     weight_decay: float = 0.0
     b1: float = 0.9

@@ -5,7 +5,7 @@
     params, curves = evaluator.train_final(program, init_params, key, train)
     accuracy = evaluator.accuracy(params, test)          # greedy pass@1 via `correct`
 
-It follows the evaluator contract of `derl_jax.evaluator.CandidateEvaluator`.
+It follows the evaluator contract of `derl_jax.rl.evaluator.CandidateEvaluator`.
 
 One inner step of one candidate (B = prompts_per_step prompts x G samples = N rollouts,
 T = max_new_tokens, P primitives):
@@ -85,7 +85,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.domains.base import TokenDataset
-from derl_jax.evaluator import CandidateResults
+from derl_jax.rl.evaluator import CandidateResults
 from derl_jax.expr.parse import parse
 from derl_jax.expr.program import Program, compile_expr
 from derl_jax.models import sampling
@@ -386,16 +386,18 @@ class HostEvaluator:
         params = jax.tree.map(lambda *leaves: np.stack(leaves), *kept) if kept else None
         return CandidateResults(scores=np.asarray(scores, np.float32), curves=stacked, params=params)
 
-    def train_final(self, program: Program, init_params: Any, key: jax.Array,
-                    train_set: TokenDataset) -> tuple[Any, dict[str, np.ndarray]]:
-        """A fresh policy trained with one program for `final_steps` -> (params on the mesh, curves name -> f32[steps])."""
+    def train_final(self, program: Program, init_params: Any, key: jax.Array, train_set: TokenDataset, *,
+                    steps: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """A fresh policy trained with one program for `steps` (None: `final_steps`) -> (params on the
+        mesh, curves name -> f32[steps])."""
+        steps = self.config.final_steps if steps is None else int(steps)
         started = time.perf_counter()
         program = Program(ops=np.asarray(program.ops), args=np.asarray(program.args), size=np.asarray(program.size))
         if program.ops.ndim != 1:
             raise ValueError(f"train_final: expected one program, got ops of shape {program.ops.shape}")
         train = HostSplit(train_set, self.domain)
-        budget = _Budget(0.0, None, self.config.final_steps, self.config.rollouts_per_step)  # never cut short
-        (run,) = self._train_wave([0], [program], init_params, key, train, self.config.final_steps, budget,
+        budget = _Budget(0.0, None, steps, self.config.rollouts_per_step)  # never cut short
+        (run,) = self._train_wave([0], [program], init_params, key, train, steps, budget,
                                   time_limit_s=0.0)
         params = run.params
         self._finish_report("final", [run], budget, 0.0, started)
@@ -406,6 +408,12 @@ class HostEvaluator:
         fns = self.slices[0]
         (score,), _ = self._greedy_accuracies([(fns, fns.place(params))], HostSplit(dataset, self.domain))
         return float(score)
+
+    def item_scores(self, params: Any, dataset: TokenDataset) -> np.ndarray:
+        """f32[N]: the `correct` primitive of each greedy completion (their mean is `accuracy`)."""
+        fns = self.slices[0]
+        (scores,), _ = self._greedy_pass([(fns, fns.place(params))], HostSplit(dataset, self.domain), check=True)
+        return np.asarray(scores, np.float32)
 
     def greedy_texts(self, params: Any, dataset: TokenDataset) -> list[str]:
         """The decoded greedy completion of every row of `dataset` (what `accuracy` scores)."""

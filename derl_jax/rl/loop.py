@@ -85,6 +85,7 @@ class InnerLoop:
     train_many(params [K,...] or shared, programs Program[K], keys [K], dataset)
         -> (params [K, ...], metrics name -> [K, S])
     accuracy(params, dataset) -> f32[]           greedy pass@1
+    item_scores(params, dataset) -> f32[N]       each example's greedy success (their mean is `accuracy`)
     accuracy_many(params [K, ...], dataset) -> f32[K]
     metric_names: the keys of `metrics`.
 
@@ -98,6 +99,7 @@ class InnerLoop:
     accuracy: Callable
     accuracy_many: Callable
     metric_names: tuple[str, ...]
+    item_scores: Callable
 
 
 def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
@@ -172,7 +174,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
         (params, _), metrics = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(steps))
         return params, metrics
 
-    def accuracy(params, dataset: TokenDataset):
+    def item_scores(params, dataset: TokenDataset):
         num_examples = dataset.size
         data_size = 1 if mesh is None else mesh.shape[DATA_AXIS]
         per_batch = min(cfg.eval_batch_size, num_examples)
@@ -186,10 +188,12 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             chunk, valid = args
             episode, _ = rollout.fn(params, chunk, greedy_key, True)
             context = jax.tree_util.tree_map(over_data, dict(chunk.context))
-            return jnp.sum(jnp.where(valid, domain.success(episode, context), 0.0))
+            return jnp.where(valid, domain.success(episode, context), 0.0)
 
-        total = jnp.sum(jax.lax.map(successes, (batches, positions < num_examples)))
-        return total / num_examples
+        return jax.lax.map(successes, (batches, positions < num_examples)).reshape(-1)[:num_examples]
+
+    def accuracy(params, dataset: TokenDataset):
+        return jnp.sum(item_scores(params, dataset)) / dataset.size
 
     def train_many(params, programs: Program, keys, dataset: TokenDataset):
         axis = params_candidate_axis(graphdef, params)
@@ -204,6 +208,6 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
         return map_candidates(accuracy, (0, None), cfg.chunk_size, spmd_axis)(params, dataset)
 
     return InnerLoop(cfg=cfg, train=train, train_many=train_many, accuracy=accuracy,
-                     accuracy_many=accuracy_many, metric_names=names)
+                     accuracy_many=accuracy_many, metric_names=names, item_scores=item_scores)
 
 

@@ -7,7 +7,7 @@ Qwen2.5) or a scratch policy of the `config.policy` sizes, warm-started by super
 fine-tuning on the domain's corpus when `config.policy.sft_steps` > 0 (cached under
 `<workdir>/base_policy/`; the corpus leaves out the validation rows of
 `config.outer.split_seed`, so validation scores measure held-out accuracy). The evaluator
-(`derl_jax.evaluator.CandidateEvaluator`) is chosen by the domain's rollout kind: device
+(`derl_jax.rl.evaluator.CandidateEvaluator`) is chosen by the domain's rollout kind: device
 kinds ("device", "env") train K candidates in the jitted loop (`DeviceEvaluator`), the host
 kind overlaps host scoring with sampling (`HostEvaluator`); both read the same
 `InnerConfig` (`derl_jax.rl.config`).

@@ -1,10 +1,12 @@
 """The `alfworld` domain: ALFWorld's engine (TextWorld PDDL games) as a multi-turn ("env") domain on the host.
 
 Config block `domain` (configs/alfworld.py):
-  kind="alfworld"; data_dir: ALFWorld's json_2.1.1 directory ("" = generated games, see
-  problems.py); level: "L0" | "L1" | "L2" (splits.py); kinds: the task kinds played;
-  held_out_kinds: the kinds L2 evaluates on (and does not train on); num_train / num_test:
-  games per kind for training / evaluation; split_seed: the generated games' seed; max_turns
+  kind="alfworld"; data_dir: ALFWorld's json_2.1.1 directory, environment variables expanded
+  ("" = generated games, see problems.py); level: "L0" | "L1" | "L2" (splits.py); kinds: the
+  task kinds played; held_out_kinds: the kinds L2 evaluates on (and does not train on);
+  num_train / num_test: games per kind for training / evaluation (with a data directory 0 =
+  all of the split, N = N drawn at random); split_seed: the seed of those draws and of the
+  generated games; max_turns
   per episode; history: the prompt window W; obs_length / action_length: tokens per
   observation / action; description_length: tokens of the task line in the task prompt;
   num_workers: worker processes (0 = every game in this process).
@@ -37,9 +39,9 @@ from derl_jax.domains.alfworld import problems as P
 from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import game_logic
 from derl_jax.domains.alfworld.env import NOTHING, AlfWorldEnv, require_engine
-from derl_jax.domains.alfworld.splits import LEVELS, data_problem, level_games
+from derl_jax.domains.alfworld.splits import LEVELS, data_problem, expand_data_dir, level_games
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
 from derl_jax.domains.scienceworld.domain import tokenizer_directory
 from derl_jax.domains.scienceworld.vocab import Vocabulary, words
@@ -120,7 +122,7 @@ def make_alfworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
         env=env,
         history=int(cfg.history),
         info={"level": str(cfg.level), "kinds": list(kinds), "held_out_kinds": list(held_out),
-              "data_dir": str(cfg.get("data_dir", "") or ""),
+              "data_dir": expand_data_dir(cfg.get("data_dir", "")),
               "train_games": [[g.kind, g.goal] for g in train], "test_games": [[g.kind, g.goal] for g in test],
               "vocab_size": vocab.vocab_size, "description_length": length},
     )
@@ -194,8 +196,10 @@ def validate_alfworld_config(cfg: Any) -> None:
     """Raise ConfigError naming the first bad field of `config.domain`; InputError saying what to
     install when the alfworld package is missing, or where to put the data (before anything starts)."""
     choice(cfg, "domain.level", LEVELS)
-    for field, least in (("num_train", 1), ("num_test", 1), ("max_turns", 1), ("history", 1), ("obs_length", 8),
-                         ("action_length", 4), ("description_length", 8), ("num_workers", 0), ("split_seed", 0)):
+    raw_dir = str(config_value(cfg, "domain").get("data_dir", "") or "")
+    for field, least in (("num_train", 0 if raw_dir else 1), ("num_test", 0 if raw_dir else 1), ("max_turns", 1),
+                         ("history", 1), ("obs_length", 8), ("action_length", 4), ("description_length", 8),
+                         ("num_workers", 0), ("split_seed", 0)):
         int_at_least(cfg, f"domain.{field}", least)
     kinds = config_value(cfg, "domain.kinds")
     if isinstance(kinds, str) or not kinds or len(set(kinds)) != len(kinds) or any(k not in P.KINDS for k in kinds):
@@ -206,14 +210,15 @@ def validate_alfworld_config(cfg: Any) -> None:
         require_engine()
     except InputError as err:
         raise InputError(f"config.domain.kind='alfworld': {err}") from None
-    data_dir = str(config_value(cfg, "domain").get("data_dir", "") or "")
-    if data_dir:
-        wrong = data_problem(data_dir, ("train", "valid_seen" if cfg.domain.level == "L0" else "valid_unseen"))
+    if raw_dir:
+        wrong = data_problem(expand_data_dir(raw_dir),
+                             ("train", "valid_seen" if cfg.domain.level == "L0" else "valid_unseen"))
         if wrong:
-            raise InputError(f"config.domain.data_dir: {wrong}; put ALFWorld's json_2.1.1 directory there (train/, "
-                             "valid_seen/, valid_unseen/ with a game.tw-pddl per game, as `alfworld-download` "
-                             "writes it), or set data_dir='' to play generated games")
+            raise InputError(f"config.domain.data_dir={raw_dir!r}: {wrong}; put ALFWorld's json_2.1.1 directory there "
+                             "(train/, valid_seen/, valid_unseen/ with a game.tw-pddl per game, as `alfworld-download` "
+                             "writes it under $ALFWORLD_DATA), or set data_dir='' to play generated games")
 
 
-register_domain(DomainSpec(name="alfworld", build=lambda cfg: make_alfworld_domain(cfg.domain, tokenizer_directory(cfg)),
-                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_alfworld_config))
+@register_domain("alfworld", primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_alfworld_config)
+def build_alfworld_domain(cfg: Any) -> Domain:
+    return make_alfworld_domain(cfg.domain, tokenizer_directory(cfg))

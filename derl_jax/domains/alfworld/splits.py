@@ -6,18 +6,23 @@ directories named `<kind>-<Object>-<MovableRecep>-<Receptacle or Lamp>-<scene>` 
 directory per game, each with its `game.tw-pddl` (ALFWorld's game file: domain, grammar with the
 goal text, problem). Games with movable receptacles or sliced objects are left out, as ALFWorld
 does, and so are games the file marks unsolvable. `domain.data_dir` may name `json_2.1.1` or a
-directory holding it.
+directory holding it; environment variables in it are expanded (`$ALFWORLD_DATA`).
 
-The paper's levels (Appendix B, after ALFWorld's seen / unseen splits), `num_train` training and
-`num_test` evaluation games per task kind, the first ones in path order:
+The paper's levels (Appendix B, after ALFWorld's seen / unseen evaluation splits):
 
   L0  train on `train/`, evaluate on `valid_seen/` (rooms and objects seen in training);
   L1  train on `train/`, evaluate on `valid_unseen/` (unseen rooms and objects);
   L2  train on the kinds not held out, evaluate on `valid_unseen/` games of the held-out kinds.
 
-Without a data directory the games are generated (`problems.py`) from `seed`: training games
-use the seen halves of the object, receptacle and lamp types; L0 evaluates on new games over the
-seen types, L1 and L2 on games whose goal object, goal receptacle and lamp types are unseen.
+`num_train` / `num_test` = 0 takes every playable game of the split (of the level's kinds), as
+the paper does; N > 0 takes N games of each kind (all of a kind with fewer), drawn at random
+with `seed` (`domain.split_seed`; the draws of the training and the evaluation split and of
+each kind are independent), listed in path order.
+
+Without a data directory the games are generated (`problems.py`) from `seed`, `num_train` /
+`num_test` (>= 1) per kind: training games use the seen halves of the object, receptacle and
+lamp types; L0 evaluates on new games over the seen types, L1 and L2 on games whose goal
+object, goal receptacle and lamp types are unseen.
 """
 
 from __future__ import annotations
@@ -26,12 +31,19 @@ import json
 import os
 import re
 
+import numpy as np
+
 from derl_jax.domains.alfworld import problems as P
 
 LEVELS = ("L0", "L1", "L2")
 DATA_SPLITS = ("train", "valid_seen", "valid_unseen")
 GAME_FILE = "game.tw-pddl"
 _GOAL = re.compile(r"Your task is to: (.+?)\.?\"")
+
+
+def expand_data_dir(data_dir: str) -> str:
+    """`data_dir` with `~` and environment variables expanded ("" stays "")."""
+    return os.path.expanduser(os.path.expandvars(str(data_dir or "").strip()))
 
 
 def split_directory(data_dir: str, split: str) -> str:
@@ -43,7 +55,10 @@ def split_directory(data_dir: str, split: str) -> str:
 
 
 def data_problem(data_dir: str, needed: tuple[str, ...] = DATA_SPLITS) -> str | None:
-    """What is wrong with `data_dir` as an ALFWorld data directory (None when nothing is)."""
+    """What is wrong with `data_dir` (expanded) as an ALFWorld data directory (None when nothing is)."""
+    unset = re.findall(r"\$\{?(\w+)", data_dir)
+    if unset:
+        return f"{data_dir!r} names the environment variable {unset[0]}, which is not set"
     if not os.path.isdir(data_dir):
         return f"{data_dir!r} is not a directory"
     missing = [split for split in needed if not split_directory(data_dir, split)]
@@ -75,13 +90,19 @@ def read_games(split_dir: str, kinds: tuple[str, ...]) -> list[P.GameSpec]:
     return games
 
 
-def first_per_kind(games: list[P.GameSpec], kinds: tuple[str, ...], count: int, where: str) -> list[P.GameSpec]:
-    """The first `count` games of every kind, kind by kind; a kind with none raises naming `where`."""
+def per_kind(games: list[P.GameSpec], kinds: tuple[str, ...], count: int, seed: int, salt: int,
+             where: str) -> list[P.GameSpec]:
+    """Every game of `kinds` (count 0), or `count` of each kind drawn at random with (`seed`,
+    `salt`, the kind's index) (all of a kind with fewer), kind by kind, in path order; a kind
+    with no game raises naming `where`."""
     chosen = []
-    for kind in kinds:
-        found = [g for g in games if g.kind == kind][:count]
+    for index, kind in enumerate(kinds):
+        found = [g for g in games if g.kind == kind]
         if not found:
             raise ValueError(f"no playable {kind} games under {where}")
+        if 0 < count < len(found):
+            rows = np.random.default_rng((int(seed), int(salt), index)).choice(len(found), count, replace=False)
+            found = [found[row] for row in sorted(rows.tolist())]
         chosen += found
     return chosen
 
@@ -95,11 +116,17 @@ def level_games(level: str, kinds: tuple[str, ...], held_out: tuple[str, ...], n
     tested = held_out if level == "L2" else kinds
     if not trained or not tested:
         raise ValueError(f"level {level} with kinds {kinds} and held-out kinds {held_out} leaves nothing to train or test")
+    data_dir = expand_data_dir(data_dir)
     if data_dir:
         test_split = "valid_seen" if level == "L0" else "valid_unseen"
+        wrong = data_problem(data_dir, ("train", test_split))
+        if wrong:
+            raise ValueError(wrong)
         train_dir, test_dir = split_directory(data_dir, "train"), split_directory(data_dir, test_split)
-        return (first_per_kind(read_games(train_dir, trained), trained, num_train, train_dir),
-                first_per_kind(read_games(test_dir, tested), tested, num_test, test_dir))
+        return (per_kind(read_games(train_dir, trained), trained, num_train, seed, 0, train_dir),
+                per_kind(read_games(test_dir, tested), tested, num_test, seed, 1, test_dir))
+    if num_train < 1 or num_test < 1:
+        raise ValueError(f"generated games need num_train and num_test >= 1 per kind, got {num_train} and {num_test}")
     split = P.type_split(seed)
     seen = tuple(split[s][0] for s in ("objects", "receptacles", "lamps"))
     unseen = tuple(split[s][1] for s in ("objects", "receptacles", "lamps"))

@@ -43,7 +43,7 @@ from derl_jax.domains.household import tasks as T
 from derl_jax.domains.household import vocab
 from derl_jax.domains.household.env import TASK_FIELDS, HouseholdEnv
 from derl_jax.domains.household.prompt import TASK_PROMPT_LENGTH, task_prompt
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 from primitives.selfguide import SELF_REWARD_PRIMITIVE
@@ -184,5 +184,7 @@ def validate_household_config(cfg: Any) -> None:
         int_at_least(cfg, "policy.sft_extra_tasks", 0)
 
 
-register_domain(DomainSpec(name="household", build=lambda cfg: make_household_domain(cfg.domain),
-                           primitive_names=lambda cfg: household_primitive_names(cfg.domain), validate=validate_household_config))
+@register_domain("household", primitive_names=lambda cfg: household_primitive_names(cfg.domain),
+                 validate=validate_household_config)
+def build_household_domain(cfg: Any) -> Domain:
+    return make_household_domain(cfg.domain)

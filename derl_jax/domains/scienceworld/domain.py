@@ -3,7 +3,8 @@
 Config block `domain` (configs/scienceworld.py):
   kind="scienceworld"; tasks: ScienceWorld task names; level: "L0" | "L1" | "L2" (splits.py);
   held_out_tasks: the tasks L2 evaluates on (and does not train on); num_train / num_test:
-  variations per task for training / evaluation; simplifications: the engine's ("easy");
+  variations per task for training / evaluation (0 = all of ScienceWorld's list, N = N drawn
+  at random with split_seed); simplifications: the engine's ("easy");
   max_turns per episode; history: the prompt window W; obs_length / action_length: words per
   observation / action; description_length: words of the task description in the task prompt;
   num_workers: JVMs (each holds many games, see env.py).
@@ -33,7 +34,7 @@ import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
                              optional_fraction)
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.registry import DomainSpec, register_domain
+from derl_jax.domains.registry import register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
 from derl_jax.domains.scienceworld.engine import require_engine
 from derl_jax.domains.scienceworld.splits import LEVELS, level_split
@@ -88,7 +89,7 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
     atexit.register(env.close)
     try:
         train, test = level_split(env.workers[0], tasks, str(cfg.level), tuple(cfg.get("held_out_tasks", ())),
-                                  int(cfg.num_train), int(cfg.num_test))
+                                  int(cfg.num_train), int(cfg.num_test), int(cfg.get("split_seed", 0)))
         rows = [(int(t), int(v), True) for t, v in zip(train["task"], train["variation"])]
         rows += [(int(t), int(v), False) for t, v in zip(test["task"], test["variation"])]
         surveyed = env.per_worker(lambda b: survey_row(env.workers[b % len(env.workers)], tasks[rows[b][0]],
@@ -150,9 +151,11 @@ def validate_scienceworld_config(cfg: Any) -> None:
     """Raise ConfigError naming the first bad field of `config.domain`; InputError saying what to
     install when Java or the scienceworld package is missing (before anything starts)."""
     choice(cfg, "domain.level", LEVELS)
-    for field, least in (("num_train", 1), ("num_test", 1), ("max_turns", 1), ("history", 1), ("obs_length", 8),
+    for field, least in (("num_train", 0), ("num_test", 0), ("max_turns", 1), ("history", 1), ("obs_length", 8),
                          ("action_length", 4), ("description_length", 8), ("num_workers", 1)):
         int_at_least(cfg, f"domain.{field}", least)
+    if "split_seed" in config_value(cfg, "domain"):
+        int_at_least(cfg, "domain.split_seed", 0)
     tasks = config_value(cfg, "domain.tasks")
     if isinstance(tasks, str) or not tasks or not all(isinstance(t, str) for t in tasks) or len(set(tasks)) != len(tasks):
         raise ConfigError(f"config.domain.tasks must be a tuple of distinct ScienceWorld task names, got {tasks!r}")
@@ -173,5 +176,6 @@ def validate_scienceworld_config(cfg: Any) -> None:
         raise ConfigError(f"config.domain.tasks: unknown ScienceWorld tasks {unknown}; known: {', '.join(ID2TASK.values())}")
 
 
-register_domain(DomainSpec(name="scienceworld", build=lambda cfg: make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg)),
-                           primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config))
+@register_domain("scienceworld", primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config)
+def build_scienceworld_domain(cfg: Any) -> Domain:
+    return make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg))

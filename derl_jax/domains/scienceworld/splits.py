@@ -1,15 +1,19 @@
 """The benchmark's task-variation splits, as the batched env's task arrays.
 
-ScienceWorld divides each task's variations into train, dev and test (its own lists: the test
-variations use objects, substances or places that the train variations do not). The paper's
-levels (Appendix B, after RLVMR) over a list of tasks, with `num_train` training and `num_test`
-evaluation variations per task:
+ScienceWorld divides each task's variations into its own train, dev and test lists (the
+engine's `getVariationsTrain/Dev/Test`; the dev and test variations use objects, substances or
+places of their own). The paper's levels (Appendix B, after RLVMR) over a list of tasks:
 
-  L0  in distribution, seen: train on the first train variations of every task, evaluate on
-      the train variations that follow them (the same pool of objects, other episodes);
+  L0  in distribution, seen: train on the train variations of every task, evaluate on the dev
+      variations of the same tasks (the seen test set of the agent benchmarks that use
+      ScienceWorld's lists; the paper does not name one);
   L1  in distribution, unseen: train as L0, evaluate on the test variations of the same tasks;
   L2  out of distribution: train on the tasks not held out, evaluate on the test variations
       of the held-out tasks (unseen task types).
+
+`num_train` / `num_test` = 0 takes every variation of the list; N > 0 takes N variations of
+each task (all of a task with fewer) drawn at random with `seed` (`domain.split_seed`; the
+training and evaluation draws and each task's are independent), in the list's order.
 """
 
 from __future__ import annotations
@@ -19,47 +23,51 @@ from typing import Sequence
 import numpy as np
 
 LEVELS = ("L0", "L1", "L2")
+EVALUATION_SPLIT = {"L0": "dev", "L1": "test", "L2": "test"}
 
 
-def _arrays(task_names: Sequence[str], chosen: Sequence[tuple[str, Sequence[int]]]) -> dict[str, np.ndarray]:
-    task_ids = [task_names.index(name) for name, found in chosen for _ in found]
-    variations = [v for _, found in chosen for v in found]
+def sample(variations: Sequence[int], count: int, seed: int, salt: int, task_index: int) -> list[int]:
+    """`variations` (count 0 or count >= len), else `count` of them drawn at random with
+    (`seed`, `salt`, `task_index`), in their order."""
+    variations = [int(v) for v in variations]
+    if not 0 < count < len(variations):
+        return variations
+    rows = np.random.default_rng((int(seed), int(salt), int(task_index))).choice(len(variations), count, replace=False)
+    return [variations[row] for row in sorted(rows.tolist())]
+
+
+def task_arrays(worker, task_names: Sequence[str], names: Sequence[str], split: str, count: int = 0, seed: int = 0,
+                salt: int = 0) -> dict[str, np.ndarray]:
+    """{"task": i32[M], "variation": i32[M]}: `split`'s variations of each of `names` (all, or
+    `count` per task drawn by `sample`), tasks as indices into `task_names`. A task whose list
+    is empty raises naming it."""
+    task_ids, variations = [], []
+    for name in names:
+        found = worker.variations(name, split)
+        if not found:
+            raise ValueError(f"ScienceWorld task {name!r} has no {split} variations")
+        index = list(task_names).index(name)
+        chosen = sample(found, int(count), seed, salt, index)
+        task_ids += [index] * len(chosen)
+        variations += chosen
     return {"task": np.array(task_ids, np.int32), "variation": np.array(variations, np.int32)}
 
 
-def task_arrays(worker, task_names: Sequence[str], names: Sequence[str], split: str, start: int = 0,
-                limit: int | None = None) -> dict[str, np.ndarray]:
-    """{"task": i32[M], "variation": i32[M]}: `split`'s variations start..start+limit of each of
-    `names`, tasks as indices into `task_names`."""
-    stop = None if limit is None else start + limit
-    return _arrays(task_names, [(name, worker.variations(name, split)[start:stop]) for name in names])
-
-
-def level_split(worker, task_names: Sequence[str], level: str, held_out: Sequence[str] = (),
-                num_train: int | None = None, num_test: int | None = None
-                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(train tasks, evaluation tasks) of generalisation `level` (module docstring); None = all.
-    A task with too few train variations for both L0 parts raises naming it."""
+def level_split(worker, task_names: Sequence[str], level: str, held_out: Sequence[str] = (), num_train: int = 0,
+                num_test: int = 0, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(train tasks, evaluation tasks) of generalisation `level` (module docstring)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     unknown = [name for name in held_out if name not in task_names]
     if unknown:
         raise ValueError(f"held-out tasks {unknown} are not among {list(task_names)}")
+    trained, tested = list(task_names), list(task_names)
     if level == "L2":
         if not held_out:
             raise ValueError("level L2 needs held-out tasks")
-        seen = [name for name in task_names if name not in held_out]
-        if not seen:
+        trained = [name for name in task_names if name not in held_out]
+        if not trained:
             raise ValueError("level L2 holds out every task; none is left to train on")
-        return (task_arrays(worker, task_names, seen, "train", 0, num_train),
-                task_arrays(worker, task_names, held_out, "test", 0, num_test))
-    train = task_arrays(worker, task_names, task_names, "train", 0, num_train)
-    if level == "L1":
-        return train, task_arrays(worker, task_names, task_names, "test", 0, num_test)
-    if num_train is None:
-        raise ValueError("level L0 evaluates on the train variations after the first num_train; give num_train")
-    evaluate = task_arrays(worker, task_names, task_names, "train", num_train, num_test)
-    short = [name for i, name in enumerate(task_names) if not np.any(evaluate["task"] == i)]
-    if short:
-        raise ValueError(f"tasks {short} have no train variations left after the first {num_train} for L0's evaluation")
-    return train, evaluate
+        tested = list(held_out)
+    return (task_arrays(worker, task_names, trained, "train", num_train, seed, 0),
+            task_arrays(worker, task_names, tested, EVALUATION_SPLIT[level], num_test, seed, 1))

@@ -1,0 +1,155 @@
+"""What a compare says about the paper's claims: paired differences, trends, and a verdict each.
+
+    rows = paired_rows(results)                  # every method against outcome-only and random search
+    verdicts = claim_rows(results)               # the paper's claims, each separated / not separated / reversed
+
+A paired difference compares two methods on the same seeds (the same base policy and final
+training key per seed) and the same test items: `MethodResult.test_items` holds the headline
+policy's per-item scores, so a method's scores form f[seeds, items] and
+`stats.paired_difference` bootstraps over seeds and items with the same draw for both. A
+trend (validation rising over outer iterations, stable structures taking over) is the
+least-squares slope of each seed's per-iteration series, with a Student-t interval over seeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from derl_jax.experiment import stats
+from derl_jax.experiment.results import MethodResult
+
+BASELINES = ("outcome", "random")
+# (claim, method, baseline): the paper's comparisons at the end of training
+PAIRED_CLAIMS = (
+    ("DERL > outcome-only", "derl", "outcome"),
+    ("DERL > average of primitives", "derl", "average"),
+    ("DERL > random search at equal compute", "derl", "random"),
+    ("DERL-pop >= DERL", "derl_pop", "derl"),
+)
+# (claim, method, per-iteration series): the paper's trends over outer iterations
+TREND_CLAIMS = (
+    ("candidates' validation rises over iterations (Fig. 3)", "derl", "validation_mean"),
+    ("stable structures take over (Fig. 4)", "derl", "share_stable"),
+)
+
+
+def item_matrix(runs: Sequence[MethodResult], seeds: Sequence[int]) -> np.ndarray | None:
+    """f64[len(seeds), items]: the per-item test scores of `runs` at `seeds`, in that order;
+    None when a seed is missing or has no item scores, or the item counts differ."""
+    by_seed = {r.seed: r for r in runs}
+    rows = [by_seed[s].test_items if s in by_seed else None for s in seeds]
+    if not rows or any(row is None or len(row) == 0 for row in rows) or len({len(row) for row in rows}) != 1:
+        return None
+    return np.asarray(rows, np.float64)
+
+
+def paired(results: Mapping[str, Sequence[MethodResult]], method: str, baseline: str) -> dict | None:
+    """`stats.paired_difference` of `method` against `baseline` over their common seeds, or None."""
+    if method not in results or baseline not in results or method == baseline:
+        return None
+    seeds = sorted({r.seed for r in results[method]} & {r.seed for r in results[baseline]})
+    a, b = item_matrix(results[method], seeds), item_matrix(results[baseline], seeds)
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    return stats.paired_difference(a, b)
+
+
+def paired_rows(results: Mapping[str, Sequence[MethodResult]],
+                baselines: Sequence[str] = BASELINES) -> list[tuple[str, str, dict]]:
+    """(method, baseline, paired difference) of every other method against each baseline present."""
+    rows = []
+    for baseline in baselines:
+        for method in results:
+            difference = paired(results, method, baseline)
+            if difference is not None:
+                rows.append((method, baseline, difference))
+    return rows
+
+
+def series(run: MethodResult, name: str) -> np.ndarray | None:
+    """f64[iterations] of a search's per-iteration `name` ("validation_mean", "share_stable", ...)."""
+    if run.per_iteration is None:
+        return None
+    if name.startswith("share_"):
+        column = ("stable", "unstable", "invalid").index(name.removeprefix("share_"))
+        return np.asarray([shares[column] for shares in run.per_iteration["structure_shares"]], np.float64)
+    values = run.per_iteration.get(name)
+    return None if values is None else np.asarray([np.nan if v is None else v for v in values], np.float64)
+
+
+def slope(values: np.ndarray) -> float:
+    """Least-squares slope of `values` against 0, 1, 2, ... (NaN entries left out)."""
+    x = np.arange(len(values), dtype=np.float64)
+    keep = np.isfinite(values)
+    if keep.sum() < 2:
+        raise ValueError("slope: needs at least two finite values")
+    return float(np.polyfit(x[keep], values[keep], 1)[0])
+
+
+def trend(runs: Sequence[MethodResult], name: str) -> dict | None:
+    """Per-seed slopes of `name` over iterations: their mean, Student-t 95% interval, verdict; None
+    without at least two seeds of at least two iterations."""
+    slopes = []
+    for run in runs:
+        values = series(run, name)
+        if values is not None and np.isfinite(values).sum() >= 2:
+            slopes.append(slope(values))
+    if len(slopes) < 2:
+        return None
+    summary = stats.summarize(slopes)
+    low, high = summary["ci95_low"], summary["ci95_high"]
+    return {"difference": summary["mean"], "ci95_low": low, "ci95_high": high, "seeds": len(slopes),
+            "separated": bool(low > 0.0 or high < 0.0)}
+
+
+def iteration_difference(results: Mapping[str, Sequence[MethodResult]], method: str = "derl",
+                         baseline: str = "random", name: str = "validation_mean") -> dict | None:
+    """Per outer iteration, `method` minus `baseline` in `name` (mean of each iteration's
+    candidates), paired by seed: {"mean": f[I], "ci95_low": f[I], "ci95_high": f[I], "seeds": S}
+    with Student-t intervals over seeds; None without two common seeds."""
+    if method not in results or baseline not in results:
+        return None
+    a = {r.seed: series(r, name) for r in results[method]}
+    b = {r.seed: series(r, name) for r in results[baseline]}
+    seeds = sorted(s for s in set(a) & set(b) if a[s] is not None and b[s] is not None)
+    if len(seeds) < 2:
+        return None
+    width = min(min(len(a[s]), len(b[s])) for s in seeds)
+    differences = np.array([a[s][:width] - b[s][:width] for s in seeds])
+    summaries = [stats.summarize(differences[:, i]) for i in range(width)]
+    return {"mean": [s["mean"] for s in summaries], "ci95_low": [s["ci95_low"] for s in summaries],
+            "ci95_high": [s["ci95_high"] for s in summaries], "seeds": len(seeds)}
+
+
+def claim_rows(results: Mapping[str, Sequence[MethodResult]]) -> list[dict]:
+    """One row per paper claim this compare can test: {"claim", "kind" ("paired" | "trend"),
+    "difference", "ci95_low", "ci95_high", "verdict", ...}; claims whose methods did not run,
+    or lack item scores or seeds, are left out."""
+    rows = []
+    for claim, method, baseline in PAIRED_CLAIMS:
+        difference = paired(results, method, baseline)
+        if difference is not None:
+            rows.append({"claim": claim, "kind": "paired", "method": method, "baseline": baseline, **difference,
+                         "verdict": stats.verdict(difference)})
+    for claim, method, name in TREND_CLAIMS:
+        found = trend(results.get(method, ()), name)
+        if found is not None:
+            rows.append({"claim": claim, "kind": "trend", "method": method, "series": name, **found,
+                         "verdict": stats.verdict(found)})
+    return rows
+
+
+def claims_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: claim, difference (points for paired claims, points per iteration for trends),
+    95% interval, verdict."""
+    lines = ["| claim | measured as | difference | 95% CI | verdict |", "|---|---|---:|---|---|"]
+    for row in rows:
+        if row["kind"] == "paired":
+            what = f"{row['method']} − {row['baseline']}, test, paired over {row['seeds']} seeds x {row['items']} items"
+        else:
+            what = f"{row['method']}: slope of {row['series']} per iteration over {row['seeds']} seeds"
+        lines.append(f"| {row['claim']} | {what} | {100 * row['difference']:+.2f} | "
+                     f"[{100 * row['ci95_low']:+.2f}, {100 * row['ci95_high']:+.2f}] | {row['verdict']} |")
+    return "\n".join(lines) + "\n"

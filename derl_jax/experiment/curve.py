@@ -1,0 +1,75 @@
+"""A learning curve: test accuracy of policies trained with one reward for 0, 10, 20, ... steps.
+
+    python launch/learning_curve.py --config=configs/household.py --expression=g1 \\
+        --steps=0,10,20,30,40 --seeds=0,1,2 --workdir=runs/household_curve
+
+Each point is a final-mode training (the full training split, the seed's final key) of that
+many steps from the base policy, tested greedily on the test split; step 0 is the base policy
+itself. Every (steps, seed) point is written to `<workdir>/steps_<S>/seed_<s>.json` when done,
+so an interrupted curve resumes where it stopped. `curve.json` holds the per-point results and
+the mean with its Student-t 95% interval over seeds; `curve.png` draws it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from derl_jax.checkpoint import atomic_write_json
+from derl_jax.experiment import build, plots, protocol, stats
+from derl_jax.experiment.runtime import run_cores
+
+CURVE_JSON = "curve.json"
+CURVE_PLOT = "curve.png"
+
+
+def point_path(workdir: str, steps: int, seed: int) -> str:
+    return os.path.join(workdir, f"steps_{steps}", f"seed_{seed}.json")
+
+
+def learning_curve(cfg: Any, workdir: str, expression: str, steps: Sequence[int], seeds: Sequence[int],
+                   *, label: str | None = None) -> dict:
+    """Train and test every (steps, seed) point not yet in `workdir`; returns the curve.json content
+    {"expression", "steps", "seeds", "test": f[S, seeds] (fractions), "mean", "ci95_low", "ci95_high"}."""
+    steps, seeds = sorted({int(s) for s in steps}), [int(s) for s in seeds]
+    if not steps or steps[0] < 0 or not seeds:
+        raise ValueError(f"learning_curve: needs steps >= 0 and at least one seed, got {steps} and {seeds}")
+    domain = build.build_domain(cfg)
+    protocol.compile_checked(expression, domain.primitive_names, domain.outcome_index)
+    base_params, evaluator = build.build_inner(domain, cfg, workdir, run_cores("final"))
+    for count in steps:
+        for seed in seeds:
+            path = point_path(workdir, count, seed)
+            if os.path.exists(path):
+                continue
+            if count == 0:
+                tests, items = protocol.test_accuracies(domain, evaluator, base_params)
+                point = {"test": protocol.headline_accuracy(tests), "test_items": items}
+            else:
+                final = protocol.train_final(expression, domain, evaluator, protocol.run_keys(seed)["final"],
+                                             base_params, steps=count)
+                point = {"test": final.test, "test_items": final.test_items, "curves": final.curves}
+            atomic_write_json(path, {"steps": count, "seed": seed, "expression": expression, **point})
+    return summarize_curve(workdir, expression, steps, seeds, label=label)
+
+
+def summarize_curve(workdir: str, expression: str, steps: Sequence[int], seeds: Sequence[int],
+                    *, label: str | None = None) -> dict:
+    """curve.json and curve.png from the points in `workdir`."""
+    test = np.array([[_load(point_path(workdir, s, seed))["test"] for seed in seeds] for s in steps], np.float64)
+    summaries = [stats.summarize(row) for row in test]
+    payload = {"expression": expression, "steps": list(steps), "seeds": list(seeds), "test": test.tolist(),
+               "mean": [s["mean"] for s in summaries], "ci95_low": [s["ci95_low"] for s in summaries],
+               "ci95_high": [s["ci95_high"] for s in summaries]}
+    atomic_write_json(os.path.join(workdir, CURVE_JSON), payload)
+    plots.plot_outer_curves({label or expression: test.T}, os.path.join(workdir, CURVE_PLOT), x=list(steps),
+                            xlabel="inner GRPO steps", ylabel="greedy test success")
+    return payload
+
+
+def _load(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)

@@ -1,4 +1,0 @@
-"""History-driven reward search (ARBO) and greedy refinement (Eureka-style): the history and its
-queries (`history`), the explore/exploit schedule (`schedule`), the structural proposer
-(`proposer`), the tool-using LLM agent (`agent`, `tools`) and the `arbo` config block
-(`settings`). The strategies themselves are `derl_jax.meta.strategies.arbo` and `.eureka`."""

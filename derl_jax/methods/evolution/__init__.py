@@ -1,0 +1,1 @@
+"""Evolutionary search over expression trees: operators, the population, the strategy."""

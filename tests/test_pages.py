@@ -1,0 +1,92 @@
+"""Results pages generated from kept runs (`derl_jax.experiment.pages`, launch/results_pages.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from derl_jax.experiment import pages
+from derl_jax.experiment.report import write_report
+from test_claims import compare  # noqa: F401  (the fixture: a compare with a known 20-point gap)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = """# Results
+
+Some prose a person wrote.
+
+<!-- generated: unit_run -->
+stale text
+<!-- end generated -->
+
+More prose.
+"""
+
+
+@pytest.fixture
+def kept(compare, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    write_report(str(run_dir), compare)
+    info = {"command": "python launch/run.py --config=configs/arith.py --mode=compare", "commit": "abc123",
+            "started": "2026-12-02T00:00:00+00:00", "cpu": "unit cpu", "cores": 2, "backend": "cpu",
+            "jax": "0.0", "wall_s": 754.0}
+    (run_dir / "run_info.json").write_text(json.dumps(info))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "page.md").write_text(PAGE)
+    pages.collect(str(run_dir), str(results / "runs"), "unit_run")
+    return results
+
+
+def test_a_page_block_is_rendered_from_its_kept_run_and_prose_is_kept(kept):
+    assert pages.regenerate_all(str(kept)) == [str(kept / "page.md")]
+    text = (kept / "page.md").read_text()
+    assert text.startswith("# Results\n\nSome prose a person wrote.\n") and text.endswith("More prose.\n")
+    assert "stale text" not in text
+    assert "python launch/run.py --config=configs/arith.py --mode=compare" in text
+    assert "commit `abc123`" in text and "wall time 12 min 34 s" in text and "Seeds 0, 1, 2" in text
+    assert "| DERL > outcome-only | derl − outcome, test, paired over 3 seeds x 100 items | +20.00 |" in text
+    assert "| derl | outcome | +20.0 |" in text
+    assert "![outer_curves](runs/unit_run/outer_curves.png)" in text
+    assert os.path.isfile(kept / "runs" / "unit_run" / "outer_curves.png")
+    assert pages.regenerate_all(str(kept)) == []  # regenerating again changes nothing
+
+
+def test_a_changed_run_changes_its_page(kept):
+    pages.regenerate_all(str(kept))
+    results_json = kept / "runs" / "unit_run" / "results.json"
+    payload = json.loads(results_json.read_text())
+    payload["test"]["derl"]["mean"] = 99.5
+    results_json.write_text(json.dumps(payload))
+    assert pages.regenerate_all(str(kept)) == [str(kept / "page.md")]
+    assert "| derl | 3 | 99.50 ±" in (kept / "page.md").read_text()
+
+
+def test_collect_refuses_an_unfinished_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is the compare finished"):
+        pages.collect(str(tmp_path), str(tmp_path / "runs"), "x")
+    with pytest.raises(ValueError, match="letters, digits"):
+        pages.collect(str(tmp_path), str(tmp_path / "runs"), "../x")
+
+
+def test_the_command_line_regenerates_the_pages(kept):
+    page = kept / "page.md"
+    completed = subprocess.run([sys.executable, "launch/results_pages.py", f"--results_dir={kept}"],
+                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert f"regenerated {page}" in completed.stdout and "stale text" not in page.read_text()
+
+
+def test_the_repository_pages_are_up_to_date():
+    """Every generated block in docs/results equals what its kept run renders now."""
+    results_dir = os.path.join(REPO_ROOT, "docs", "results")
+    runs_root = os.path.join(results_dir, pages.RUNS_DIR)
+    for name in sorted(os.listdir(results_dir)):
+        if name.endswith(".md"):
+            text = open(os.path.join(results_dir, name), encoding="utf-8").read()
+            for match in pages.BLOCK.finditer(text):
+                assert match.group(0) == match.group(1) + pages.render(runs_root, match.group(2), results_dir) + \
+                    match.group(3), f"docs/results/{name}: block {match.group(2)} is stale; run launch/results_pages.py"
