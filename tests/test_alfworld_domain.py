@@ -94,7 +94,7 @@ def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     env, vocab = domain.env, domain.tokenizer
     pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
     assert 3 <= len(pairs) <= env.max_turns and all(c.split()[0] in ("plan", "explore", "reflect", "act") for _, c in pairs)
-    from derl_jax.rl.rollout import turn_prompts
+    from derl_jax.domains.env import turn_prompts
 
     obs, states = env.reset(np.zeros((1, 2), np.uint32), {"game": np.zeros(1, np.int32)})
     task = np.asarray(domain.train.prompts[:1])

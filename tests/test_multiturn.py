@@ -22,7 +22,7 @@ import pytest
 from flax import struct
 
 from derl_jax.domains.base import Domain, TokenDataset
-from derl_jax.domains.env import checked_step
+from derl_jax.domains.env import checked_step, turn_prompts
 from derl_jax.expr import compile_expr, parse, stack_programs
 from derl_jax.models import sampling
 from derl_jax.models.transformer import init_params, tiny_config
@@ -145,7 +145,7 @@ def test_turn_prompts_hold_the_task_then_the_last_w_actions_and_observations():
     task = jnp.array([[BOS, 6, 7]], jnp.int32)
     actions = jnp.array([[[PAD, PAD], [4, PAD]]], jnp.int32)  # one action so far: [4]
     observations = jnp.array([[[7, 9], [7, 10]]], jnp.int32)
-    prompts, mask = rollout_lib.turn_prompts(task, task != PAD, actions, actions != PAD, observations,
+    prompts, mask = turn_prompts(task, task != PAD, actions, actions != PAD, observations,
                                              observations != PAD)
     # reference: drop the padding, keep the order task, a_0 o_0, a_1 o_1, pad on the left
     real = [BOS, 6, 7, 7, 9, 4, 7, 10]
@@ -161,7 +161,7 @@ def test_turn_prompts_at_a_budget_drop_the_oldest_window_tokens(length):
     task = jnp.array([[PAD, BOS, 6], [BOS, 6, 7]], jnp.int32)
     actions = jnp.asarray(np.where(rng.random((2, 2, 3)) < 0.3, PAD, rng.integers(4, 9, (2, 2, 3))), jnp.int32)
     observations = jnp.asarray(np.where(rng.random((2, 2, 3)) < 0.3, PAD, rng.integers(4, 9, (2, 2, 3))), jnp.int32)
-    prompts, mask = rollout_lib.turn_prompts(task, task != PAD, actions, actions != PAD, observations,
+    prompts, mask = turn_prompts(task, task != PAD, actions, actions != PAD, observations,
                                              observations != PAD, length, PAD)
     width = min(length, 3 + 2 * (3 + 3))
     assert prompts.shape == mask.shape == (2, width)
@@ -174,7 +174,7 @@ def test_turn_prompts_at_a_budget_drop_the_oldest_window_tokens(length):
         np.testing.assert_array_equal(np.asarray(prompts)[row], [PAD] * (width - len(real)) + real)
         np.testing.assert_array_equal(np.asarray(mask)[row], [False] * (width - len(real)) + [True] * len(real))
     with pytest.raises(ValueError, match="no room for the task prompt"):
-        rollout_lib.turn_prompts(task, task != PAD, actions, actions != PAD, observations, observations != PAD, 2, PAD)
+        turn_prompts(task, task != PAD, actions, actions != PAD, observations, observations != PAD, 2, PAD)
 
 
 class EnvStepTest(chex.TestCase):

@@ -154,7 +154,7 @@ def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
     assert recorded["test_variations"]["variation"] == sample(dev, 2, 0, 1, 0) and set(recorded["test_variations"]["variation"]) < set(dev)
     pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
     assert len(pairs) == 5 and all(c.split()[0] in ("plan", "explore", "reflect", "act") for _, c in pairs)
-    from derl_jax.rl.rollout import turn_prompts
+    from derl_jax.domains.env import turn_prompts
 
     context = {name: np.asarray(value)[:1] for name, value in domain.train.context.items()}
     obs, states = env.reset(np.zeros((1, 2), np.uint32), context)

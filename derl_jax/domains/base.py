@@ -87,7 +87,7 @@ class Domain:
       "full" (FULL_HISTORY), every turn since reset (one token stream per episode, each token
       read once); see `derl_jax.rl.rollout`.
     prompt_budget: "env" only, the most tokens of a turn's prompt (0 = room for the whole
-      history); a longer window loses its oldest tokens (`derl_jax.rl.rollout.turn_prompts`), a
+      history); a longer window loses its oldest tokens (`derl_jax.domains.env.turn_prompts`), a
       full-history episode ends before a turn whose prompt would not fit.
     stop_ids: tokens that end a completion (default: eos only). bucket_sizes: allowed prompt
       lengths for host rollouts (() = the split's width).

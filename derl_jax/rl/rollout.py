@@ -26,7 +26,7 @@ Multi-turn prompts (turn t of an episode) depend on `Domain.history`:
       a_j followed by the observation o_{j+1} it led to (o_0, from reset, is the last slot at
       t = 0); missing turns are padding. Real tokens are packed to the right (left padding), so
       every turn's prompt has the fixed length P = `Domain.prompt_length` (at most
-      Tp + W * (A + O); a shorter P drops a long window's oldest tokens, `turn_prompts`). Action
+      Tp + W * (A + O); a shorter P drops a long window's oldest tokens, `derl_jax.domains.env.turn_prompts`). Action
       tokens enter later prompts without their EOS (and without pad tokens). Every turn's prompt
       is run through the model anew (`window_episodes`); the update trains on one row per turn
       (prompt, action), R = N * S rows.
@@ -49,13 +49,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
 from derl_jax.domains.base import FULL_HISTORY, TokenDataset
-from derl_jax.domains.env import checked_reset, checked_step, is_host_env
+from derl_jax.domains.env import checked_reset, checked_step, is_host_env, turn_prompts
 from derl_jax.models import sampling
 from derl_jax.rl.host_env import HostEnvBridge
 
@@ -125,41 +124,6 @@ def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callab
 
 
 # ----------------------------------------------------------------------------- multi-turn
-
-
-def left_pack(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Move the real tokens of every row of i32[N, L] / bool[N, L] to the right end, in order."""
-    order = jnp.argsort(mask.astype(jnp.int32), axis=-1, stable=True)
-    return jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(mask, order, axis=-1)
-
-
-def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array,
-                 observations: jax.Array, obs_mask: jax.Array, length: int | None = None,
-                 pad_id: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """Prompts of one turn: task i32[N, Tp], actions i32[N, W, A], observations i32[N, W, O]
-    (slot j: action j and the observation it led to) -> left-padded i32[N, P] and mask bool[N, P].
-
-    P = min(`length`, Tp + W*(A+O)); None: room for every token. When a row's real tokens do not fit
-    in P, its oldest history tokens are dropped (set to `pad_id`, needed then); the task is always
-    whole, so `length` must be >= Tp.
-    """
-    chex.assert_rank([task, actions, observations], [2, 3, 3])
-    history = jnp.concatenate([actions, observations], axis=-1).reshape(task.shape[0], -1)
-    history_mask = jnp.concatenate([action_mask, obs_mask], axis=-1).reshape(task.shape[0], -1)
-    full = task.shape[1] + history.shape[1]
-    length = full if length is None else min(int(length), full)
-    if length < task.shape[1]:
-        raise ValueError(f"turn_prompts: prompt length {length} leaves no room for the task prompt's "
-                         f"{task.shape[1]} tokens")
-    if length < full:
-        if pad_id is None:
-            raise ValueError("turn_prompts: a prompt length below the full width needs pad_id")
-        room = length - jnp.sum(task_mask, axis=1, keepdims=True)
-        newer = jnp.cumsum(history_mask[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
-        history_mask = history_mask & (newer <= room)
-        history = jnp.where(history_mask, history, pad_id)
-    tokens, mask = left_pack(jnp.concatenate([task, history], axis=1), jnp.concatenate([task_mask, history_mask], axis=1))
-    return tokens[:, full - length:], mask[:, full - length:]
 
 
 def _shift_in(history: jax.Array, latest: jax.Array) -> jax.Array:

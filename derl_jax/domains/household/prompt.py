@@ -1,6 +1,6 @@
 """Each turn's prompt: the task, then the last W (action, observation) turns.
 
-The layout is the multi-turn rollout's (`derl_jax.rl.rollout.turn_prompts`), so the supervised
+The layout is the multi-turn rollout's (`derl_jax.domains.env.turn_prompts`), so the supervised
 corpus and the inner loop show the policy the same prompts:
 
     <bos> description room   a_{t-W} o_{t-W+1}   ...   a_{t-1} o_t
@@ -28,7 +28,7 @@ from derl_jax.domains.household import text, vocab
 from derl_jax.domains.household.actions import ACTION_LENGTH, truncate_at_eos
 from derl_jax.domains.household.env import OBS_LENGTH
 from derl_jax.domains.household.tasks import DESCRIPTION_LENGTH
-from derl_jax.rl.rollout import turn_prompts
+from derl_jax.domains.env import turn_prompts
 
 TASK_PROMPT_LENGTH = 1 + DESCRIPTION_LENGTH + OBS_LENGTH
 

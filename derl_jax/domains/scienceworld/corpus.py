@@ -5,7 +5,7 @@ before each gold action, with probability `perturb_rate`, a random action that c
 in the world (a word string the engine does not parse, `look at` something, `inventory`, `look
 around`) with a random tag; then the gold action with a correct tag (`tags.correct_tags`,
 preferring plan, then reflect, explore, act). Every turn gives one (prompt, action) pair; the
-prompt has the multi-turn rollout's layout (`derl_jax.rl.rollout.turn_prompts`):
+prompt has the multi-turn rollout's layout (`derl_jax.domains.env.turn_prompts`):
 
     <bos> description   a_{t-W} o_{t-W+1}   ...   a_{t-1} o_t
 
