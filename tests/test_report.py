@@ -72,6 +72,22 @@ def test_two_draws_of_one_method_are_not_separated_and_a_true_gap_is():
     assert paired_difference(better, second) == gap  # a fixed bootstrap seed: the same interval again
 
 
+def test_the_seed_to_seed_spread_widens_the_interval():
+    """Per-seed differences of +30, -10, +20, -20, +5 points on every item: the mean is +5, but five
+    seeds cannot tell it from 0. A bootstrap over items alone would give [+5, +5]; over seeds
+    and items the interval is about the seeds' own (compared with the t-interval of the five
+    per-seed differences, which is wider still)."""
+    per_seed = np.array([0.3, -0.1, 0.2, -0.2, 0.05])
+    b = (np.random.default_rng(2).random((5, 1000)) < 0.5).astype(float)
+    d = paired_difference(b + per_seed[:, None], b)
+    assert d["difference"] == pytest.approx(0.05)
+    assert d["ci95_low"] < 0.0 < d["ci95_high"] and verdict(d) == "not separated"
+    t = summarize(per_seed)
+    assert t["ci95_low"] < d["ci95_low"] and d["ci95_high"] < t["ci95_high"]
+    assert d["ci95_high"] - d["ci95_low"] > 0.2
+    assert min(per_seed) <= d["ci95_low"] and d["ci95_high"] <= max(per_seed)
+
+
 def test_paired_difference_refuses_unpaired_scores():
     with pytest.raises(ValueError, match="same \\[seeds, items\\]"):
         paired_difference(np.zeros((3, 10)), np.zeros((3, 11)))
