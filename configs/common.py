@@ -7,8 +7,9 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
   inner.*              the inner GRPO loop (`derl_jax.rl.config.InnerConfig` documents every key):
                        steps, prompts per step, group size, learning rate, KL weight and
                        estimator, clip range, loss aggregation, epochs and minibatches per
-                       batch, gradient clip, weight decay, warm-up, sampling temperature and
-                       top-k, candidates trained at once (chunk_size, 0 = all), greedy
+                       batch, gradient clip, weight decay, warm-up, the algorithm ("grpo" or
+                       "dapo") with DAPO's dynamic sampling and overlong penalty, sampling
+                       temperature and top-k, candidates trained at once (chunk_size, 0 = all), greedy
                        evaluation batch, common random numbers, dispatch, and for host-scored
                        domains the compute budget, time limit and host primitive threads
   meta.*               the Meta-Optimizer: backbone ("scratch": a tiny model trained from random
@@ -83,6 +84,9 @@ INNER = {
     "kl": 0.0,
     "kl_metric": True,
     **GRPO,
+    "algorithm": "grpo",
+    "dynamic_oversample": 1,
+    "overlong_buffer": 0,
     "chunk_size": 0,
     "temperature": 1.0,
     "top_k": 0,

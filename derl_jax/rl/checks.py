@@ -21,6 +21,7 @@ from derl_jax.config import (
     register_check,
 )
 from derl_jax.rl.config import BUDGET_REFERENCES, DISPATCH_MODES
+from derl_jax.rl.dapo import ALGORITHMS
 from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS
 
 
@@ -33,7 +34,8 @@ def check_policy_block(cfg: Any) -> None:
 
 
 def check_inner_block(cfg: Any) -> None:
-    """The inner GRPO loop's required fields, then its optional ones (and a `grpo` block's)."""
+    """The inner GRPO loop's required fields, then its optional ones (and a `grpo` block's), then
+    the algorithm's (`inner.algorithm`, `dynamic_oversample`, `overlong_buffer`)."""
     int_at_least(cfg, "inner.steps", 1)
     int_at_least(cfg, "inner.prompts_per_step", 1)
     int_at_least(cfg, "inner.group_size", 2)
@@ -44,6 +46,21 @@ def check_inner_block(cfg: Any) -> None:
     for block in ("inner", "grpo"):
         if has_field(cfg, block):
             _optional_fields(cfg, block)
+    _algorithm_fields(cfg)
+
+
+def _algorithm_fields(cfg: Any) -> None:
+    """`inner.algorithm`, `inner.dynamic_oversample` and `inner.overlong_buffer`, when present
+    (the buffer against `domain.max_new_tokens` where the domain block names it)."""
+    if has_field(cfg, "inner.algorithm"):
+        choice(cfg, "inner.algorithm", ALGORITHMS)
+    if has_field(cfg, "inner.dynamic_oversample"):
+        int_at_least(cfg, "inner.dynamic_oversample", 1)
+    if has_field(cfg, "inner.overlong_buffer"):
+        buffer = int_at_least(cfg, "inner.overlong_buffer", 0)
+        limit = config_value(cfg, "domain.max_new_tokens") if has_field(cfg, "domain.max_new_tokens") else None
+        if is_int(limit) and buffer > limit:
+            raise ConfigError(f"config.inner.overlong_buffer must be <= domain.max_new_tokens ({limit}), got {buffer}")
 
 
 def _optional_fields(cfg: Any, block: str) -> None:

@@ -12,6 +12,13 @@ reads the same fields. Fields of `config.inner` (defaults in brackets):
   normalize_std [True], loss_agg ["token_mean"]       GRPO (True) or Dr.GRPO (False); loss reduction
   max_grad_norm [1.0], weight_decay [0.0],            gradient clip (0 or None: off), AdamW decay,
   warmup_steps [0]                                    linear warm-up of the learning rate
+  algorithm ["grpo"]                                  "grpo" | "dapo": DAPO's settings where left at
+                                                      GRPO's defaults (`derl_jax.rl.dapo.resolve`)
+  dynamic_oversample [1], overlong_buffer [0]        dynamic sampling: sample this x B prompts and
+                                                      train on B informative groups (1 = off);
+                                                      overlong penalty over the last this many of
+                                                      the T tokens (0 = off); single-turn kinds only
+                                                      (`check_rollout_kind`)
   temperature [1.0], top_k [0]                        how rollouts are sampled (top_k 0 = all tokens)
   chunk_size [0]                                      device kinds: candidates vmapped per chunk;
                                                       host kinds: candidates trained interleaved
@@ -37,7 +44,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from derl_jax.config import field_error
+from derl_jax.config import ConfigError, field_error
+from derl_jax.rl import dapo
 from derl_jax.rl.grpo import GRPOConfig
 
 DISPATCH_MODES = ("auto", "batched", "loop")
@@ -58,7 +66,9 @@ def progress(step, steps: int):
 class InnerConfig:
     """One inner GRPO run's settings (see the module docstring for every field).
 
-    grpo.group_size is set from `group_size`; final_steps defaults to `steps`.
+    grpo.group_size is set from `group_size`; final_steps defaults to `steps`. Under
+    algorithm "dapo", grpo.clip_high, dynamic_oversample and overlong_buffer hold the resolved
+    values (`derl_jax.rl.dapo.resolve`; resolving again changes nothing).
     """
 
     steps: int
@@ -80,6 +90,9 @@ class InnerConfig:
     time_limit_s: float = 0.0
     host_workers: int = 4
     return_params: bool = True
+    algorithm: str = "grpo"
+    dynamic_oversample: int = 1
+    overlong_buffer: int = 0
 
     def __post_init__(self):
         def integer(name, minimum):
@@ -89,8 +102,13 @@ class InnerConfig:
 
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "eval_batch_size", "host_workers"):
             integer(name, 1)
-        for name in ("final_steps", "top_k", "chunk_size", "budget_tokens"):
+        for name in ("final_steps", "top_k", "chunk_size", "budget_tokens", "overlong_buffer"):
             integer(name, 0)
+        integer("dynamic_oversample", 1)
+        if self.algorithm not in dapo.ALGORITHMS:
+            raise field_error(self, "algorithm", f"must be one of {dapo.ALGORITHMS}")
+        if self.overlong_buffer > self.max_new_tokens:
+            raise field_error(self, "overlong_buffer", f"must be <= max_new_tokens={self.max_new_tokens}")
         if not self.temperature > 0:
             raise field_error(self, "temperature", "must be > 0")
         if not isinstance(self.grpo, GRPOConfig):
@@ -103,7 +121,12 @@ class InnerConfig:
             raise field_error(self, "budget_factor", "must be finite")
         if not math.isfinite(self.time_limit_s) or self.time_limit_s < 0:
             raise field_error(self, "time_limit_s", "must be finite and >= 0")
-        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, group_size=int(self.group_size)))
+        clip_high, oversample, buffer = dapo.resolve(self.algorithm, self.grpo.clip_high, int(self.dynamic_oversample),
+                                                     int(self.overlong_buffer), int(self.max_new_tokens))
+        object.__setattr__(self, "dynamic_oversample", oversample)
+        object.__setattr__(self, "overlong_buffer", buffer)
+        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, group_size=int(self.group_size),
+                                                             clip_high=clip_high))
         if not self.final_steps:
             object.__setattr__(self, "final_steps", int(self.steps))
         if self.rollouts_per_step % self.grpo.minibatches:
@@ -119,6 +142,16 @@ class InnerConfig:
     def rollouts_per_step(self) -> int:
         """N = B * G."""
         return self.prompts_per_step * self.group_size
+
+    @property
+    def sampled_per_step(self) -> int:
+        """dynamic_oversample * N: the rollouts sampled per step (N of them trained on)."""
+        return self.dynamic_oversample * self.rollouts_per_step
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        """Whether each step samples more groups than it trains on (`derl_jax.rl.dapo.select`)."""
+        return self.dynamic_oversample > 1
 
     def replace(self, **changes) -> "InnerConfig":
         return dataclasses.replace(self, **changes)
@@ -162,7 +195,8 @@ def inner_config(cfg: Any, max_new_tokens: int) -> InnerConfig:
     optional = {name: _value(block, name, fields[name].default)
                 for name in ("temperature", "top_k", "chunk_size", "eval_batch_size", "kl_metric",
                              "common_random_numbers", "dispatch", "budget_factor", "budget_reference",
-                             "budget_tokens", "time_limit_s", "host_workers", "return_params")}
+                             "budget_tokens", "time_limit_s", "host_workers", "return_params", "algorithm",
+                             "dynamic_oversample", "overlong_buffer")}
     casts = {f.name: type(f.default) for f in fields.values() if f.name in optional}
     return InnerConfig(
         steps=int(_value(block, "steps")), prompts_per_step=int(_value(block, "prompts_per_step")),
@@ -170,15 +204,37 @@ def inner_config(cfg: Any, max_new_tokens: int) -> InnerConfig:
         final_steps=final_steps, **{name: casts[name](value) for name, value in optional.items()})
 
 
-def metric_names(primitive_names, uses_reference: bool, host: bool = False) -> tuple[str, ...]:
+def metric_names(primitive_names, uses_reference: bool, host: bool = False,
+                 dynamic_sampling: bool = False) -> tuple[str, ...]:
     """Per-step curves of every rollout kind: mean (sanitized) reward, each primitive's mean
     (`primitive/{name}`), the count of non-finite rewards, GRPO statistics (KL to the start
     policy when computed), the mean response length (tokens per completion; per action for
-    multi-turn episodes). Host kinds add trained (1 while the run trains, 0 after a budget
-    stop), generated_tokens, tokens_cumulative, host_seconds, step_seconds, host_share."""
+    multi-turn episodes); reward, primitive and length means are over every sampled rollout.
+    With dynamic sampling: shortfall (uninformative groups among the B trained on) and
+    informative_fraction (informative share of the sampled groups). Host kinds add trained
+    (1 while the run trains, 0 after a budget stop), generated_tokens, tokens_cumulative,
+    host_seconds, step_seconds, host_share."""
     kl = ("kl",) if uses_reference else ()
     names = ("reward_mean", *(f"primitive/{name}" for name in primitive_names), "nonfinite", *kl, "entropy",
              "clip_fraction", "loss", "grad_norm", "response_length")
+    if dynamic_sampling:
+        names += ("shortfall", "informative_fraction")
     if host:
         names += ("trained", "generated_tokens", "tokens_cumulative", "host_seconds", "step_seconds", "host_share")
     return names
+
+
+def check_rollout_kind(cfg: InnerConfig, domain: Any) -> None:
+    """ConfigError when `cfg` asks `domain` for what its rollout kind lacks: DAPO's dynamic
+    sampling and overlong penalty are for single-turn kinds ("device", "host"); multi-turn
+    ("env") episodes train with GRPO and any clip range or loss aggregation."""
+    if getattr(domain, "rollout", None) != "env":
+        return
+    name = getattr(domain, "name", "?")
+    if cfg.algorithm != "grpo":
+        raise ConfigError(f"config.inner.algorithm={cfg.algorithm!r} is for single-turn domains; {name!r} plays "
+                          f"multi-turn episodes (rollout 'env'): use 'grpo'")
+    for field, off in (("dynamic_oversample", 1), ("overlong_buffer", 0)):
+        if getattr(cfg, field) != off:
+            raise ConfigError(f"config.inner.{field} must be {off} for the multi-turn domain {name!r}, "
+                              f"got {getattr(cfg, field)!r}")

@@ -13,16 +13,41 @@
   is penalised linearly up to -1 at the generation limit (`overlong_penalty`), and one cut off
   at the limit gets the full -1.
 
+`inner.algorithm = "dapo"` resolves the settings once (`resolve`, called by `InnerConfig`): each
+of them left at its GRPO default takes DAPO's value, one given another value is kept:
+clip_high 0.2 -> 0.28 (`DAPO_CLIP_HIGH`), dynamic_oversample 1 -> 2 (`DAPO_OVERSAMPLE`),
+overlong_buffer 0 -> max_new_tokens // 4 (at least 1); loss_agg's default is already
+"token_mean". Under "grpo" every setting is used as given (dynamic_oversample 1 and
+overlong_buffer 0 are off).
+
 Shapes: P prompts sampled, B prompts trained on, G completions per prompt.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
+from derl_jax.rl.grpo import GRPOConfig
+
 ALGORITHMS = ("grpo", "dapo")
 DAPO_CLIP_HIGH = 0.28
+DAPO_OVERSAMPLE = 2
+GRPO_CLIP_HIGH = GRPOConfig.clip_high   # the default, as in configs/common.py
+
+
+def resolve(algorithm: str, clip_high: float, oversample: int, buffer: int, max_new_tokens: int
+            ) -> tuple[float, int, int]:
+    """(clip_high, dynamic_oversample, overlong_buffer) that `algorithm` trains with (module docstring)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"resolve: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "grpo":
+        return clip_high, oversample, buffer
+    return (DAPO_CLIP_HIGH if clip_high == GRPO_CLIP_HIGH else clip_high,
+            DAPO_OVERSAMPLE if oversample == 1 else oversample,
+            buffer or max(1, max_new_tokens // 4))
 
 
 def overlong_penalty(lengths: jax.Array, max_new_tokens: int, buffer: int) -> jax.Array:
@@ -56,3 +81,28 @@ def informative_groups(rewards: jax.Array, keep: int) -> tuple[jax.Array, jax.Ar
     indices = order[:keep].astype(jnp.int32)
     shortfall = keep - jnp.minimum(jnp.sum(informative, dtype=jnp.int32), keep)
     return indices, shortfall
+
+
+class Selection(NamedTuple):
+    """The rollouts one step trains on, out of its M = P*G sampled ones (`select`).
+
+    rows i32[B*G]: the sampled rows trained on, whole groups in `informative_groups` order;
+    rewards f32[B*G]: their (shaped) rewards; shortfall i32[]: uninformative groups among the
+    B kept; informative_fraction f32[]: the share of the P sampled groups that are informative.
+    """
+
+    rows: jax.Array
+    rewards: jax.Array
+    shortfall: jax.Array
+    informative_fraction: jax.Array
+
+
+def select(rewards: jax.Array, group_size: int, keep: int) -> Selection:
+    """Dynamic sampling over rewards f32[P*G] of P sampled groups (rows [p*G, (p+1)*G) form
+    group p) -> the `keep` groups to train on, as a `Selection` of B = keep groups."""
+    groups = jnp.asarray(rewards, jnp.float32).reshape(-1, group_size)
+    indices, shortfall = informative_groups(groups, keep)
+    rows = (indices[:, None] * group_size + jnp.arange(group_size, dtype=jnp.int32)).reshape(-1)
+    informative = jnp.max(groups, axis=1) > jnp.min(groups, axis=1)
+    return Selection(rows=rows, rewards=groups[indices].reshape(-1), shortfall=shortfall,
+                     informative_fraction=jnp.mean(informative.astype(jnp.float32)))

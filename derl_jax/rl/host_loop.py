@@ -19,6 +19,12 @@ T = max_new_tokens, P primitives):
              log-probs are the sampler's temperature-1 log-probs; the KL reference
              (k1/k2/k3, `inner.kl`) is the policy the run started from.
 
+DAPO's additions are those of the device loop (`derl_jax.rl.loop.rewards_and_advantages`): with
+`inner.dynamic_oversample` = O > 1 steps 1-2 run on O*B prompts (O*N rollouts, all of them
+counted as generated tokens) and the update trains on the B groups `derl_jax.rl.dapo.select`
+picks; `inner.overlong_buffer` > 0 shapes the rewards by completion length (up to and
+including the stop token).
+
 What overlaps what (JAX dispatch is asynchronous, so the host runs ahead of the device):
   * Candidates in flight (`inner.chunk_size`; 0 = all K of a call). The K candidates of an
     `evaluate_candidates` call are trained in waves of that many, interleaved step by step:
@@ -40,10 +46,10 @@ candidate's inner run stops once its cumulative number of generated tokens (comp
 the last finished step is kept ("the last checkpoint"), the remaining steps of its curves
 repeat the last values with `trained` = 0, and a warning names the run. The outcome-only
 cost (`inner.budget_reference`):
-  * "base_lengths" (default, free): steps x N x the mean completion length of the starting
-    policy on the first batch, measured at step 0 of the call's first candidate (identical
-    for every candidate: same policy, prompts and key). It is what outcome-only training
-    would cost if lengths stayed where they start.
+  * "base_lengths" (default, free): steps x the rollouts sampled per step (O*N) x the mean
+    completion length of the starting policy on the first batch, measured at step 0 of the
+    call's first candidate (identical for every candidate: same policy, prompts and key). It
+    is what outcome-only training would cost if lengths stayed where they start.
   * "outcome_run": measured once per (mode, starting policy, data) by actually training the
     outcome-only reward (one extra inner run, cached).
   * `inner.budget_tokens` > 0 gives the outcome-only token count directly.
@@ -107,20 +113,27 @@ _log = logging.getLogger(__name__)
 
 def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, params: nnx.State, opt_state: Any,
                       program: Program, prims: jax.Array, progress: jax.Array, rollouts: Rollouts,
-                      ref_logp: jax.Array | None, key: jax.Array,
+                      ref_logp: jax.Array | None, key: jax.Array, *, max_new_tokens: int = 0,
+                      overlong_buffer: int = 0, oversample: int = 1,
                       **data_split) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
-    """Rewards of `program` on prims f32[N, P] at progress u, group advantages, one GRPO update
-    (`data_split`: how it cuts rows over 'data', `derl_jax.rl.placement.update_split`).
+    """Rewards of `program` on prims f32[O*N, P] at progress u (shaped and selected as
+    `derl_jax.rl.loop.rewards_and_advantages` says; O = oversample), group advantages, one GRPO
+    update of the N rows trained on (`data_split`: how it cuts rows over 'data',
+    `derl_jax.rl.placement.update_split`).
 
     Returns (params, opt_state, metrics: reward_mean, nonfinite, entropy, clip_fraction, loss,
-    grad_norm, and kl when `ref_logp` is given).
+    grad_norm, kl when `ref_logp` is given, shortfall and informative_fraction when O > 1).
     """
-    rewards, nonfinite, advantages = rewards_and_advantages(program, prims, progress, grpo.group_size,
-                                                            grpo.normalize_std)
+    scored = rewards_and_advantages(program, prims, progress, grpo.group_size, grpo.normalize_std, rollouts.lengths,
+                                    max_new_tokens=max_new_tokens, overlong_buffer=overlong_buffer,
+                                    oversample=oversample)
     batch = {"prompts": rollouts.prompts, "prompt_mask": rollouts.prompt_mask, "completions": rollouts.completions,
-             "mask": rollouts.mask, "old_logp": rollouts.logprobs, "advantages": advantages}
+             "mask": rollouts.mask, "old_logp": rollouts.logprobs}
     if ref_logp is not None:
         batch["ref_logp"] = ref_logp
+    if scored.rows is not None:
+        batch = {name: value[scored.rows] for name, value in batch.items()}
+    batch["advantages"] = scored.advantages
 
     def logprob_fn(p, rows):
         return sampling.sequence_logprobs(graphdef, p, rows["prompts"], rows["prompt_mask"], rows["completions"],
@@ -130,7 +143,8 @@ def reward_and_update(graphdef: nnx.GraphDef, optimizer, grpo: GRPOConfig, param
                                              **data_split)
     metrics = {name: metrics[name] for name in ("entropy", "clip_fraction", "loss", "grad_norm")
                + (("kl",) if ref_logp is not None else ())}
-    metrics.update(reward_mean=jnp.mean(rewards), nonfinite=nonfinite.astype(jnp.float32))
+    metrics.update(reward_mean=jnp.mean(scored.rewards), nonfinite=scored.nonfinite.astype(jnp.float32),
+                   **scored.stats)
     return params, opt_state, metrics
 
 
@@ -138,20 +152,24 @@ class PolicyFunctions:
     """Jitted sampling, reference log-probs and GRPO update of a policy on one ('data', 'model') mesh."""
 
     def __init__(self, graphdef: nnx.GraphDef, mesh: Mesh, *, max_new_tokens: int, temperature: float, top_k: int,
-                 grpo: GRPOConfig, eos_id: int, pad_id: int, stop_ids: Sequence[int]):
+                 grpo: GRPOConfig, eos_id: int, pad_id: int, stop_ids: Sequence[int], dynamic_oversample: int = 1,
+                 overlong_buffer: int = 0):
         missing = {DATA_AXIS, MODEL_AXIS} - set(mesh.axis_names)
         if missing:
             raise ValueError(f"PolicyFunctions: the mesh needs axes 'data' and 'model', has {mesh.axis_names}")
         self.mesh = mesh
         self.optimizer = make_optimizer(grpo)
         self.minibatches = grpo.minibatches
+        self.oversample = int(dynamic_oversample)
         decode = dict(max_new_tokens=int(max_new_tokens), eos_id=int(eos_id), pad_id=int(pad_id),
                       stop_ids=tuple(int(s) for s in stop_ids), top_k=int(top_k))
         self._sample = jax.jit(functools.partial(sample_rollouts, graphdef, temperature=float(temperature),
                                                  greedy=False, **decode))
         self._greedy = jax.jit(functools.partial(sample_rollouts, graphdef, temperature=1.0, greedy=True, **decode))
         self._reference = jax.jit(functools.partial(completion_logprobs, graphdef))
-        self._update_fn = functools.partial(reward_and_update, graphdef, self.optimizer, grpo)
+        self._update_fn = functools.partial(reward_and_update, graphdef, self.optimizer, grpo,
+                                            max_new_tokens=int(max_new_tokens), overlong_buffer=int(overlong_buffer),
+                                            oversample=self.oversample)
         self._updates: dict[tuple, Any] = {}
         self._optimizer_inits: dict[tuple, Any] = {}
 
@@ -189,10 +207,11 @@ class PolicyFunctions:
 
     def update(self, params, opt_state, program: Program, prims: np.ndarray, progress: float, rollouts: Rollouts,
                ref_logp: jax.Array | None, key: jax.Array):
-        """(params, opt_state, metrics) after one GRPO update; params and opt_state are donated and
-        come back with the shardings they went in with (one compiled version per placement)."""
+        """(params, opt_state, metrics) after one GRPO update of the rows trained on (1 / dynamic_oversample
+        of `rollouts`); params and opt_state are donated and come back with the shardings they went
+        in with (one compiled version per placement)."""
         shardings = (jax.tree.map(lambda x: x.sharding, params), jax.tree.map(lambda x: x.sharding, opt_state))
-        data_split = update_split(self.mesh, rollouts.mask.shape[0] // self.minibatches)
+        data_split = update_split(self.mesh, rollouts.mask.shape[0] // self.oversample // self.minibatches)
         signature = (tuple(jax.tree.leaves(shardings)), tuple(sorted(data_split.items())))
         if signature not in self._updates:
             self._updates[signature] = jax.jit(functools.partial(self._update_fn, **data_split), donate_argnums=(0, 1),
@@ -204,11 +223,13 @@ class PolicyFunctions:
 @functools.lru_cache(maxsize=16)
 def shared_policy_functions(graphdef: nnx.GraphDef, mesh: Mesh, *, max_new_tokens: int, temperature: float,
                             top_k: int, grpo: GRPOConfig, eos_id: int, pad_id: int,
-                            stop_ids: tuple[int, ...]) -> PolicyFunctions:
+                            stop_ids: tuple[int, ...], dynamic_oversample: int = 1,
+                            overlong_buffer: int = 0) -> PolicyFunctions:
     """One `PolicyFunctions` per distinct setting, so evaluators that differ only in budgets,
     step counts or batch schedules share their compiled functions."""
     return PolicyFunctions(graphdef, mesh, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                           grpo=grpo, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids)
+                           grpo=grpo, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids,
+                           dynamic_oversample=dynamic_oversample, overlong_buffer=overlong_buffer)
 
 
 # --------------------------------------------------------------------------- reports
@@ -274,7 +295,8 @@ class _Budget:
         return self.factor * self.reference if self.enabled and self.reference is not None else None
 
     def observe_first_batch(self, lengths: np.ndarray) -> None:
-        """Base-lengths reference: steps x N x mean length of the starting policy's first batch."""
+        """Base-lengths reference: steps x rollouts sampled per step x mean length of the starting
+        policy's first batch."""
         if self.enabled and self.reference is None:
             self.reference = float(self.steps * self.rollouts * np.mean(lengths))
 
@@ -336,7 +358,9 @@ class HostEvaluator:
         self.slices = [
             shared_policy_functions(graphdef, sub, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                     top_k=config.top_k, grpo=config.grpo, eos_id=int(domain.eos_id),
-                                    pad_id=int(domain.pad_id), stop_ids=tuple(int(s) for s in stops))
+                                    pad_id=int(domain.pad_id), stop_ids=tuple(int(s) for s in stops),
+                                    dynamic_oversample=config.dynamic_oversample,
+                                    overlong_buffer=config.overlong_buffer)
             for sub in candidate_slices(self.mesh)
         ]
         self.runner = HostPrimitiveRunner(domain.primitives, num_workers=config.host_workers)
@@ -380,7 +404,8 @@ class HostEvaluator:
                 runs_done.append(run)
                 run.params = run.opt_state = run.ref_params = None
         self._finish_report("search", runs_done, budget, eval_host, started)
-        names = metric_names(self.domain.primitive_names, self.config.uses_reference, host=True)
+        names = metric_names(self.domain.primitive_names, self.config.uses_reference, host=True,
+                             dynamic_sampling=self.config.dynamic_sampling)
         stacked = {name: np.stack([c.get(name, np.full(steps, np.nan, np.float32)) for c in curves])
                    for name in names}
         params = jax.tree.map(lambda *leaves: np.stack(leaves), *kept) if kept else None
@@ -396,7 +421,7 @@ class HostEvaluator:
         if program.ops.ndim != 1:
             raise ValueError(f"train_final: expected one program, got ops of shape {program.ops.shape}")
         train = HostSplit(train_set, self.domain)
-        budget = _Budget(0.0, None, steps, self.config.rollouts_per_step)  # never cut short
+        budget = _Budget(0.0, None, steps, self.config.sampled_per_step)  # never cut short
         (run,) = self._train_wave([0], [program], init_params, key, train, steps, budget,
                                   time_limit_s=0.0)
         params = run.params
@@ -443,7 +468,8 @@ class HostEvaluator:
         `time_limit_s` > 0 stops the wave's runs after that many wall-clock seconds."""
         placed: dict[int, Any] = {}
         runs = [self._start_run(c, j, p, init_params, placed, steps) for j, (c, p) in enumerate(zip(candidates, programs))]
-        schedule = batch_schedule(key, train.size, self.config.prompts_per_step, steps)
+        sampled = self.config.prompts_per_step * self.config.dynamic_oversample   # prompts per step
+        schedule = batch_schedule(key, train.size, sampled, steps)
         group = self.config.grpo.group_size
         names = self.domain.primitive_names
         wave_started = time.perf_counter()
@@ -513,7 +539,7 @@ class HostEvaluator:
     def _budget(self, mode: str, steps: int, init_params: Any, key: jax.Array, dataset: TokenDataset,
                 train: HostSplit) -> _Budget:
         config = self.config
-        budget = _Budget(config.budget_factor, None, steps, config.rollouts_per_step)
+        budget = _Budget(config.budget_factor, None, steps, config.sampled_per_step)
         if not budget.enabled:
             return budget
         if config.budget_tokens > 0:
@@ -530,7 +556,7 @@ class HostEvaluator:
                 return tokens
         outcome = f"g{self.domain.outcome_index + 1}"
         program = compile_expr(parse(outcome, self.domain.primitive_names), num_primitives=len(self.domain.primitives))
-        unbounded = _Budget(0.0, None, steps, self.config.rollouts_per_step)
+        unbounded = _Budget(0.0, None, steps, self.config.sampled_per_step)
         (run,) = self._train_wave([-1], [program], init_params, key, train, steps, unbounded, time_limit_s=0.0)
         tokens = float(run.tokens)
         _log.info("outcome-only reference run (%s, %d steps): %d generated tokens", mode, steps, run.tokens)

@@ -18,6 +18,13 @@ steps. Step s:
     policy (for the KL penalty or the KL metric) -> `grpo_update` (epochs x minibatches
     optimizer steps; the importance ratio's old log-probs are the sampler's).
 
+DAPO's additions (`derl_jax.rl.dapo`; single-turn kinds): with `overlong_buffer` > 0 each
+completion's reward gets `overlong_penalty` of its length before the advantages; with
+`dynamic_oversample` = O > 1 the step samples O*B prompts' groups (O*N rollouts), and
+trains on the B groups `dapo.select` picks from their rewards (static shapes, so it runs
+under jit and under vmap over K programs). `rewards_and_advantages` does both, for the host
+kind too.
+
 Reward expressions are data (`Program` arrays), so `train_many` — `jax.vmap` of `train` over
 the stacked programs and keys, the policy shared (one initial policy for every candidate)
 or stacked [K, ...] — compiles once for any set of K expressions. With `chunk_size = c > 0`
@@ -36,13 +43,13 @@ Validation metric: greedy pass@1, the domain's outcome primitive on greedy rollo
 
 Shapes: K candidates, M examples in a split, B prompts per step, G group size, N = B*G
 rollouts, R = N * rows_per_episode update rows, Tp prompt tokens, T = max_new_tokens,
-P primitives, S steps.
+P primitives, S steps, O = dynamic_oversample (O*N rollouts sampled per step).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +60,8 @@ from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, replicated
-from derl_jax.rl.config import InnerConfig, metric_names, progress
+from derl_jax.rl import dapo
+from derl_jax.rl.config import InnerConfig, check_rollout_kind, metric_names, progress
 from derl_jax.rl.grpo import group_advantages, grpo_update, make_optimizer, sanitize_rewards
 from derl_jax.rl.placement import leading_size, map_candidates, params_candidate_axis, update_split
 from derl_jax.rl.rollout import device_rollout
@@ -66,12 +74,42 @@ def _repeat_rows(tree: Any, times: int) -> Any:
     return jax.tree_util.tree_map(lambda x: jnp.repeat(x, times, axis=0), tree)
 
 
-def rewards_and_advantages(program: Program, prims: jax.Array, u: jax.Array, group_size: int,
-                           normalize_std: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(rewards f32[N] with non-finite values set to 0, their count i32[], advantages f32[N])
-    of `program` on prims f32[N, P] at progress u."""
+class StepRewards(NamedTuple):
+    """One step's rewards (`rewards_and_advantages`), O*N rollouts sampled and N trained on.
+
+    rewards f32[O*N]: the program's rewards, non-finite values set to 0 (before any shaping);
+    nonfinite i32[]: how many were; advantages f32[N]: group advantages of the trained rows;
+    rows i32[N] or None: the sampled rows trained on (None: all of them, O = 1);
+    stats: dynamic sampling's metrics (shortfall i32[], informative_fraction f32[]) or {}.
+    """
+
+    rewards: jax.Array
+    nonfinite: jax.Array
+    advantages: jax.Array
+    rows: jax.Array | None
+    stats: dict
+
+
+def rewards_and_advantages(program: Program, prims: jax.Array, u: jax.Array, group_size: int, normalize_std: bool,
+                           lengths: jax.Array | None = None, *, max_new_tokens: int = 0, overlong_buffer: int = 0,
+                           oversample: int = 1) -> StepRewards:
+    """`program` on prims f32[O*N, P] at progress u -> StepRewards (O = oversample, G-row groups
+    adjacent). With overlong_buffer > 0 the rewards the advantages see add
+    `dapo.overlong_penalty(lengths i32[O*N], max_new_tokens, overlong_buffer)`; with oversample > 1
+    the N rows trained on are `dapo.select`'s B = N / G groups of those shaped rewards."""
     rewards, nonfinite = sanitize_rewards(evaluate(program, prims, u))
-    return rewards, nonfinite, group_advantages(rewards, group_size, normalize_std=normalize_std)
+    shaped, rows, stats = rewards, None, {}
+    if overlong_buffer:
+        shaped = shaped + dapo.overlong_penalty(lengths, max_new_tokens, overlong_buffer)
+    if oversample > 1:
+        if rewards.shape[0] % (oversample * group_size):
+            raise ValueError(f"rewards_and_advantages: {rewards.shape[0]} rewards are not {oversample} x whole "
+                             f"groups of {group_size}")
+        chosen = dapo.select(shaped, group_size, rewards.shape[0] // (oversample * group_size))
+        shaped, rows = chosen.rewards, chosen.rows
+        stats = {"shortfall": chosen.shortfall, "informative_fraction": chosen.informative_fraction}
+    advantages = group_advantages(shaped, group_size, normalize_std=normalize_std)
+    return StepRewards(rewards, nonfinite, advantages, rows, stats)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -107,6 +145,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
     """The inner loop of `domain`'s policy (`graphdef`) under `cfg`, optionally on `mesh`."""
     if not isinstance(cfg, InnerConfig):
         raise TypeError(f"make_inner_loop: cfg must be an InnerConfig, got {type(cfg).__name__}")
+    check_rollout_kind(cfg, domain)
     if mesh is not None:
         data_size = mesh.shape[DATA_AXIS]
         if cfg.rollouts_per_step % data_size:
@@ -114,9 +153,10 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
                 f"make_inner_loop: {cfg.rollouts_per_step} rollouts per step do not split over the "
                 f"'data' mesh axis of size {data_size}")
     batch, group, steps = cfg.prompts_per_step, cfg.group_size, cfg.steps
+    sampled = batch * cfg.dynamic_oversample   # prompts sampled per step (B without dynamic sampling)
     optimizer = make_optimizer(cfg.grpo)
     spmd_axis = CAND_AXIS if mesh is not None else None
-    names = metric_names(domain.primitive_names, cfg.uses_reference)
+    names = metric_names(domain.primitive_names, cfg.uses_reference, dynamic_sampling=cfg.dynamic_sampling)
 
     def over_data(x):
         if mesh is None:
@@ -145,14 +185,21 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             params, opt_state = carry
             prompt_key, sample_key, update_key = jax.random.split(jax.random.fold_in(key, index), 3)
             # every device draws all the prompt rows and keeps its own (no transfer between devices)
-            rows = everywhere(jax.random.choice(prompt_key, num_examples, (batch,), replace=batch > num_examples))
+            rows = everywhere(jax.random.choice(prompt_key, num_examples, (sampled,),
+                                                replace=sampled > num_examples))
             chosen = _repeat_rows(dataset.take(rows), group)
             context = jax.tree_util.tree_map(over_data, dict(chosen.context))
             episode, update_batch = rollout.fn(params, chosen, sample_key, False)
             prims = domain.primitive_values(episode, context)
-            rewards, nonfinite, advantages = rewards_and_advantages(
-                program, prims, progress(index.astype(jnp.float32), steps), group, cfg.grpo.normalize_std)
-            update_batch = dict(update_batch, advantages=jnp.repeat(advantages, rollout.rows_per_episode))
+            lengths = jnp.sum(update_batch["mask"], axis=-1)   # single turn: completion tokens i32[O*N]
+            taken = jnp.any(update_batch["mask"], axis=-1)
+            scored = rewards_and_advantages(
+                program, prims, progress(index.astype(jnp.float32), steps), group, cfg.grpo.normalize_std, lengths,
+                max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
+                oversample=cfg.dynamic_oversample)
+            if scored.rows is not None:   # dynamic sampling: the chosen groups' rows (single turn: one per rollout)
+                update_batch = jax.tree_util.tree_map(lambda x: over_data(x[scored.rows]), update_batch)
+            update_batch = dict(update_batch, advantages=jnp.repeat(scored.advantages, rollout.rows_per_episode))
             if cfg.top_k != 0:  # the top-k filtered sampling distribution is not the one the update differentiates
                 update_batch["old_logp"] = completion_logprobs(params, update_batch, rollout.prefill_group)[0]
             if cfg.uses_reference:
@@ -160,15 +207,14 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             update_batch = jax.lax.stop_gradient(update_batch)
             params, opt_state, update = grpo_update(params, opt_state, update_batch, update_key,
                                                     completion_logprobs, optimizer, cfg.grpo, **data_split)
-            lengths = jnp.sum(update_batch["mask"], axis=-1).astype(jnp.float32)
-            taken = jnp.any(update_batch["mask"], axis=-1)
-            metrics = {"reward_mean": jnp.mean(rewards)}
+            metrics = {"reward_mean": jnp.mean(scored.rewards), **scored.stats}
             metrics.update({f"primitive/{name}": jnp.mean(prims[:, j])
                             for j, name in enumerate(domain.primitive_names)})
-            metrics.update(nonfinite=nonfinite, kl=update["kl"], entropy=update["entropy"],
+            metrics.update(nonfinite=scored.nonfinite, kl=update["kl"], entropy=update["entropy"],
                            clip_fraction=update["clip_fraction"], loss=update["loss"],
                            grad_norm=update["grad_norm"],
-                           response_length=jnp.sum(lengths) / jnp.maximum(jnp.sum(taken, dtype=jnp.float32), 1))
+                           response_length=jnp.sum(lengths.astype(jnp.float32))
+                           / jnp.maximum(jnp.sum(taken, dtype=jnp.float32), 1))
             return (params, opt_state), {name: metrics[name] for name in names}
 
         (params, _), metrics = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(steps))

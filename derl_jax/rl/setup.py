@@ -27,7 +27,7 @@ from derl_jax.domains.base import Domain, TokenDataset, split_train
 from derl_jax.models.transformer import count_params
 from derl_jax.parallel import CAND_AXIS, is_primary_process
 from derl_jax.rl import sft
-from derl_jax.rl.config import inner_config
+from derl_jax.rl.config import check_rollout_kind, inner_config
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.host_loop import HostEvaluator
 from derl_jax.rl.placement import auto_data_size, run_mesh
@@ -109,8 +109,9 @@ def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None, *,
     `domain.json` (the domain's info, primitives, rollout kind and mesh) and the cached base policy.
     `host_cores`: the CPU cores the run may use when `config.mesh.data` is 0 (auto; default all
     of this process's, `placement.auto_data_size`)."""
-    graphdef, params = base_policy(domain, cfg, workdir)
     inner = inner_config(cfg, domain.max_new_tokens)
+    check_rollout_kind(inner, domain)   # before the warm start, which may take a while
+    graphdef, params = base_policy(domain, cfg, workdir)
     mesh = run_mesh(cfg, auto_data_size(cfg, inner, count_params(params), cores=host_cores))
     evaluator = make_evaluator(domain, graphdef, cfg, mesh)
     if domain.rollout == "host":
