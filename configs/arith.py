@@ -5,7 +5,7 @@ Presets (`--config=configs/arith.py:<preset>`):
   default  the full comparison: every method of `ALL_METHODS` (derl, derl_pop, random,
            evolution and the three fixed baselines outcome, outcome_format, average) over
            5 seeds, 1,000 training problems (800 inner-training, 200 validation) and 1,000
-           test problems, with tiny models (docs/results/arith.md has the cost):
+           test problems, with tiny models (wall time and CPU time: docs/results/arith.md):
 
       python launch/run.py --config=configs/arith.py --mode=compare --workdir=runs/arith
 

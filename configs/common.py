@@ -10,8 +10,9 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        batch, gradient clip, weight decay, warm-up, the algorithm ("grpo" or
                        "dapo") with DAPO's dynamic sampling and overlong penalty, sampling
                        temperature and top-k, candidates trained at once (chunk_size, 0 = all), greedy
-                       evaluation batch, common random numbers, dispatch, and for host-scored
-                       domains the compute budget, time limit and host primitive threads
+                       evaluation batch, common random numbers, dispatch, for host-scored
+                       domains the compute budget, time limit and host primitive threads, and
+                       how Self-Guide's self-rewards are credited (per episode or per turn)
   meta.*               the Meta-Optimizer: backbone ("scratch": a tiny model trained from random
                        init; "hf": a local Hugging Face checkpoint at `hf_path`), model sizes,
                        task / primitive descriptions for the hf prompt, sampling temperature,
@@ -99,6 +100,7 @@ INNER = {
     "time_limit_s": 0.0,
     "host_workers": 4,
     "return_params": True,
+    "self_reward_credit": "episode",
 }
 
 META = {
@@ -145,6 +147,10 @@ AGENT_PRIMITIVE_DESCRIPTIONS = (
     "the mean step score over the middle third of the episode's turns",
     "the mean step score over the last third of the episode's turns",
 )
+# Self-Guide's ablation table as one compare (docs/methods/self_guide.md): GRPO with the
+# assessments written but no self-reward (`outcome`), Self-Guide, and its two schedule ablations.
+SELF_GUIDE_METHODS = ("outcome", "self_guide", "self_guide_no_warmup", "self_guide_no_anneal")
+SELF_GUIDE_DESCRIPTION = "the episode's summed self-rewards of the policy's own progress+ / progress= / progress- words"
 # Qwen2.5-1.5B(-Instruct)'s shape: the policy sizes `--mode=plan` reads when the checkpoint is not on disk.
 QWEN25_1_5B_SHAPE = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_layers": 28,
                      "num_heads": 12, "num_kv_heads": 2, "head_dim": 128}
@@ -201,6 +207,17 @@ def toy_search(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     cfg.evolution.update(capacity=4)
     cfg.final.update(steps=2, baseline_steps=0)
     cfg.compare.update(methods=("derl", "outcome"), seeds=(0,))
+    return cfg
+
+
+def self_guide(cfg: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """`cfg` (an agent preset) as Self-Guide's ablation compare named `name`: the policy writes a
+    self-assessment before each action (`domain.self_guide`, adding the primitive g_sg and its
+    description line), and the methods are `SELF_GUIDE_METHODS`."""
+    cfg.name = name
+    cfg.domain.self_guide = True
+    cfg.meta.primitive_descriptions = tuple(cfg.meta.primitive_descriptions) + (SELF_GUIDE_DESCRIPTION,)
+    cfg.compare.methods = SELF_GUIDE_METHODS
     return cfg
 
 

@@ -15,11 +15,13 @@ Presets (`--config=configs/household.py:<preset>`):
       python launch/run.py --config=configs/household.py:smoke --mode=compare --workdir=runs/household_smoke
 
   self_guide  Self-Guide's ablation table in one compare (the policy writes a self-assessment
-              before every action; 3 seeds, L0/L1/L2): `outcome` (self-assessment written, trained
-              on R_env alone: inference-only self-guidance), `self_guide` (R_env + lambda(u) * g_sg,
-              trapezoid trust schedule `trust`), `self_guide_no_warmup` (lambda = 1 from the start),
-              `self_guide_no_anneal` (no annealing). GRPO without self-assessment is `outcome` of
-              the default compare.
+              before every action; 3 seeds, L0/L1/L2): `outcome` (GRPO with self-guidance, no
+              self-reward: the assessments are written and steer actions, the reward is R_env
+              alone), `self_guide` (R_env + lambda(u) * g_sg, trapezoid trust schedule `trust`),
+              `self_guide_no_warmup` (lambda = 1 from the start), `self_guide_no_anneal` (no
+              annealing). Inference-only self-guidance (no RL) is the compare's base-policy line
+              (the self-assessing warm start, tested as it is); GRPO without self-assessment is
+              `outcome` of the default compare.
   sg_smoke    self_guide at smoke sizes
 
       python launch/run.py --config=configs/household.py:self_guide --mode=compare --workdir=runs/household_sg
@@ -61,7 +63,6 @@ from configs import common
 METHODS = ("outcome", "average", "derl", "derl_pop")
 TASK = ("The policy is a household robot in a text world of ALFWorld's six task kinds: each turn it reads what it "
         "sees and writes one action, until the task it was given is done.")
-SELF_GUIDE_DESCRIPTION = "the episode's summed self-rewards of the policy's own progress+ / progress= / progress- words"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -96,23 +97,9 @@ def smoke() -> ml_collections.ConfigDict:
     return cfg
 
 
-
-SELF_GUIDE_METHODS = ("outcome", "self_guide", "self_guide_no_warmup", "self_guide_no_anneal")
-
-
 def self_guide() -> ml_collections.ConfigDict:
-    cfg = default()
-    cfg.name = "household_self_guide"
-    cfg.domain.self_guide = True
-    cfg.meta.primitive_descriptions = common.AGENT_PRIMITIVE_DESCRIPTIONS + (SELF_GUIDE_DESCRIPTION,)
-    cfg.compare.methods = SELF_GUIDE_METHODS
-    return cfg
+    return common.self_guide(default(), "household_self_guide")
 
 
 def sg_smoke() -> ml_collections.ConfigDict:
-    cfg = smoke()
-    cfg.name = "household_sg_smoke"
-    cfg.domain.self_guide = True
-    cfg.meta.primitive_descriptions = common.AGENT_PRIMITIVE_DESCRIPTIONS + (SELF_GUIDE_DESCRIPTION,)
-    cfg.compare.methods = SELF_GUIDE_METHODS
-    return cfg
+    return common.self_guide(smoke(), "household_sg_smoke")

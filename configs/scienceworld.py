@@ -23,11 +23,24 @@ Presets (`--config=configs/scienceworld.py:<preset>`):
 
   derl_pop the default preset comparing DERL-pop alone.
 
+  self_guide  Self-Guide's ablation table on the default preset (docs/methods/self_guide.md):
+           the policy writes progress+ / progress= / progress- before each action
+           (`domain.self_guide`, primitive g_sg = g5), methods `outcome` (GRPO with the
+           assessments, no self-reward), `self_guide`, `self_guide_no_warmup`,
+           `self_guide_no_anneal`; the compare's base-policy line is inference-only
+           self-guidance (no RL).
+
   tiny     one task, 5 + 2 variations, 5 turns, a tiny scratch policy on its word vocabulary;
            runs on a laptop CPU in about a minute (most of it JVM start-up and compilation):
 
       python launch/run.py --config=configs/scienceworld.py:tiny --mode=final \\
           --expression='g1+0.5*g2' --workdir=runs/sw_tiny
+
+  sg_tiny  tiny with self-assessment and self_guide's methods; final mode with the Self-Guide
+           reward of the default trust schedule:
+
+      python launch/run.py --config=configs/scienceworld.py:sg_tiny --mode=final \\
+          --expression='g1+clip(min((u-0.2)/0.2,(1-u)/0.2),0,1)*g5' --workdir=runs/sw_sg_tiny
 
 Every field can be overridden from the command line, e.g. `--config.domain.level=L2`.
 
@@ -39,7 +52,11 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              simplifications (the engine's, "easy" = all of them), max_turns per episode,
              history (W, the turns of actions and observations in each prompt), obs_length /
              action_length (tokens per observation / action), description_length (tokens of
-             the task description in the task prompt), num_workers (JVMs; each holds many games)
+             the task description in the task prompt), num_workers (JVMs; each holds many games),
+             self_guide (the policy writes a self-assessment word before each action, which the
+             engine never sees; adds primitive g_sg), self_rewards (the internal rewards of
+             progress+ / progress= / progress-, default (0.1, 0.0, -0.1))
+  trust.*    Self-Guide's trust schedule (methods `self_guide*`; configs/common.py)
   policy.*   the policy: checkpoint / tokenizer (local Hugging Face directories; "" = a scratch
              policy on the domain's word vocabulary, warm-started on the perturbed gold paths:
              sft_steps, sft_lr, sft_batch_size, sft_perturb_rate)
@@ -73,14 +90,16 @@ ALL_TASKS = (
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config of preset `arg`: "default" (None or empty), "derl_pop" or "tiny"."""
-    return common.preset({"default": default, "derl_pop": derl_pop, "tiny": tiny}, arg, "configs/scienceworld.py")
+    """The config of preset `arg`: "default" (None or empty), "derl_pop", "self_guide", "tiny" or "sg_tiny"."""
+    return common.preset({"default": default, "derl_pop": derl_pop, "self_guide": self_guide, "tiny": tiny,
+                          "sg_tiny": sg_tiny}, arg, "configs/scienceworld.py")
 
 
 def default() -> ml_collections.ConfigDict:
     domain = {"kind": "scienceworld", "tasks": ALL_TASKS, "level": "L0", "held_out_tasks": L2_HELD_OUT,
               "num_train": 0, "num_test": 0, "split_seed": 0, "simplifications": "easy", "max_turns": 50, "history": 2,
-              "obs_length": 256, "action_length": 128, "description_length": 255, "num_workers": 16}
+              "obs_length": 256, "action_length": 128, "description_length": 255, "num_workers": 16,
+              "self_guide": False, "self_rewards": (0.1, 0.0, -0.1)}
     policy = {"checkpoint": "/models/Qwen2.5-1.5B-Instruct", "tokenizer": "", "param_dtype": "float32",
               "compute_dtype": "bfloat16", "remat": True, **common.QWEN25_1_5B_SHAPE, "sft_steps": 0, "sft_lr": 3e-3,
               "sft_batch_size": 64, "sft_perturb_rate": 0.3}
@@ -101,6 +120,10 @@ def derl_pop() -> ml_collections.ConfigDict:
     return cfg
 
 
+def self_guide() -> ml_collections.ConfigDict:
+    return common.self_guide(default(), "scienceworld_self_guide")
+
+
 def tiny() -> ml_collections.ConfigDict:
     cfg = common.toy_search(default())
     cfg.name = "scienceworld_tiny"
@@ -110,3 +133,7 @@ def tiny() -> ml_collections.ConfigDict:
                       **common.TOY_MODEL, head_dim=16, sft_steps=40, sft_lr=1e-2, sft_batch_size=16)
     cfg.inner.update(prompts_per_step=2, group_size=2, lr=3e-4, kl=0.0, minibatches=1, eval_batch_size=8)
     return cfg
+
+
+def sg_tiny() -> ml_collections.ConfigDict:
+    return common.self_guide(tiny(), "scienceworld_sg_tiny")

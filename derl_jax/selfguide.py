@@ -100,7 +100,8 @@ def composite_text(primitive_names: Sequence[str], schedule: TrustSchedule = DEF
     names = list(primitive_names)
     if SELF_REWARD_PRIMITIVE not in names:
         raise ValueError(f"the Self-Guide reward needs the primitive {SELF_REWARD_PRIMITIVE!r}, which the domain's "
-                         f"primitives {tuple(names)} lack (household: set config.domain.self_guide=True)")
+                         f"primitives {tuple(names)} lack (household, scienceworld, alfworld: set "
+                         "config.domain.self_guide=True)")
     if not 0 <= outcome_index < len(names):
         raise ValueError(f"outcome_index {outcome_index} is not one of the {len(names)} primitives")
     lam = trust_text(schedule.warmup, schedule.ramp_end, schedule.anneal_start)

@@ -1,9 +1,9 @@
 """The Self-Guide primitive of the multi-turn agent domains: the episode's summed self-reward.
 
-An agent domain with self-assessment (household: `config.domain.self_guide=True`) has the
-environment map the policy's assessment word of every turn to an internal reward r_sg_t
-(+0.1 / 0 / -0.1 by default); the multi-turn rollout hands them to primitives as
-`self_rewards f32[N, S]` next to `step_mask bool[N, S]`.
+An agent domain with self-assessment (household, scienceworld, alfworld:
+`config.domain.self_guide=True`) has the environment map the policy's assessment word of every
+turn to an internal reward r_sg_t (+0.1 / 0 / -0.1 by default); the multi-turn rollout hands
+them to primitives as `self_rewards f32[N, S]` next to `step_mask bool[N, S]`.
 
   * ``g_sg`` = sum over the steps the episode took of r_sg_t  -> f32[N].
 
@@ -29,7 +29,7 @@ def summed_self_reward(rollout: Mapping[str, Any], context: Any) -> jax.Array:
     """Sum of the self-rewards f32[N, S] over the taken steps (step_mask) -> f32[N]."""
     if "self_rewards" not in rollout:
         raise KeyError("primitive g_sg: the rollout has no 'self_rewards': the environment writes no "
-                       "self-assessment (household: set config.domain.self_guide=True)")
+                       "self-assessment (household, scienceworld, alfworld: set config.domain.self_guide=True)")
     rewards = _field(rollout, "self_rewards", 2).astype(jnp.float32)
     mask = _field(rollout, "step_mask", 2).astype(bool)
     if rewards.shape != mask.shape:

@@ -26,7 +26,8 @@ from derl_jax.plan import report
 
 CONFIGS = {arith: ("default", "smoke"), math_config: ("default", "mixture", "tiny"),
            gsm8k: ("default", "mixture", "tiny"), household: ("default", "smoke", "self_guide", "sg_smoke"),
-           alfworld: ("default", "derl_pop", "tiny"), scienceworld: ("default", "derl_pop", "tiny")}
+           alfworld: ("default", "derl_pop", "self_guide", "tiny", "sg_tiny"),
+           scienceworld: ("default", "derl_pop", "self_guide", "tiny", "sg_tiny")}
 DESCRIBED = (math_config, gsm8k, household, alfworld, scienceworld)   # the math and agent domains
 EVERY = [(module, preset) for module, presets in CONFIGS.items() for preset in presets]
 ids = lambda case: f"{case[0].__name__.split('.')[-1]}:{case[1]}"  # noqa: E731

@@ -23,7 +23,7 @@ from derl_jax.registry import Registry
 
 DOMAIN_PACKAGE = "derl_jax.domains"
 # Modules of the domains package that hold shared code, not a domain.
-SHARED_MODULES = frozenset({"base", "registry", "env", "math_data"})
+SHARED_MODULES = frozenset({"base", "registry", "env", "math_data", "selfguide"})
 
 
 def _no_checks(cfg: Any) -> None:

@@ -3,7 +3,8 @@
 The trapezoid trust schedule lambda(u) comes from the config block `trust` (warmup, ramp_end,
 anneal_start: fractions of inner training; defaults 0.2 / 0.4 / 0.8; see
 derl_jax/selfguide.py). The domain must have the summed self-reward primitive `g_sg`
-(household: `config.domain.self_guide=True`). Like `outcome`, the protocol trains it once.
+(household, scienceworld, alfworld: `config.domain.self_guide=True`). Like `outcome`, the protocol
+trains it once.
 
 Two ablations of the schedule are methods of their own, so one compare holds the whole
 ablation table: `self_guide_no_warmup` (warmup = ramp_end = 0: lambda = 1 from the start, then
@@ -45,7 +46,8 @@ class SelfGuideStrategy(FixedStrategy):
         names = get_domain(str(cfg.domain.kind)).primitive_names(cfg)
         if SELF_REWARD_PRIMITIVE not in names:
             raise ConfigError(f"method {name!r} needs the primitive {SELF_REWARD_PRIMITIVE!r}, which domain "
-                              f"{cfg.domain.kind!r} lacks with this config (household: set config.domain.self_guide=True)")
+                              f"{cfg.domain.kind!r} lacks with this config (household, scienceworld, alfworld: set "
+                              "config.domain.self_guide=True)")
 
 
 @register_strategy("self_guide_no_warmup")

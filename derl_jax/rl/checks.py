@@ -20,9 +20,11 @@ from derl_jax.config import (
     number,
     register_check,
 )
-from derl_jax.rl.config import BUDGET_REFERENCES, DISPATCH_MODES
+from derl_jax.domains.registry import get_domain
+from derl_jax.rl.config import BUDGET_REFERENCES, DISPATCH_MODES, SELF_REWARD_CREDITS
 from derl_jax.rl.dapo import ALGORITHMS
 from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS
+from derl_jax.selfguide import SELF_REWARD_PRIMITIVE
 
 
 def check_policy_block(cfg: Any) -> None:
@@ -35,7 +37,8 @@ def check_policy_block(cfg: Any) -> None:
 
 def check_inner_block(cfg: Any) -> None:
     """The inner GRPO loop's required fields, then its optional ones (and a `grpo` block's), then
-    the algorithm's (`inner.algorithm`, `dynamic_oversample`, `overlong_buffer`)."""
+    the algorithm's (`inner.algorithm`, `dynamic_oversample`, `overlong_buffer`); per-turn credit
+    of self-rewards needs a domain with the primitive g_sg."""
     int_at_least(cfg, "inner.steps", 1)
     int_at_least(cfg, "inner.prompts_per_step", 1)
     int_at_least(cfg, "inner.group_size", 2)
@@ -46,6 +49,13 @@ def check_inner_block(cfg: Any) -> None:
     for block in ("inner", "grpo"):
         if has_field(cfg, block):
             _optional_fields(cfg, block)
+    credit = config_value(cfg, "inner.self_reward_credit") if has_field(cfg, "inner.self_reward_credit") else "episode"
+    if credit == "turn":
+        names = get_domain(str(config_value(cfg, "domain.kind"))).primitive_names(cfg)
+        if SELF_REWARD_PRIMITIVE not in names:
+            raise ConfigError(f"config.inner.self_reward_credit='turn' credits the self-reward "
+                              f"{SELF_REWARD_PRIMITIVE!r} of each turn, which domain {config_value(cfg, 'domain.kind')!r} "
+                              "lacks with this config (set config.domain.self_guide=True)")
     _algorithm_fields(cfg)
 
 
@@ -78,7 +88,7 @@ def _optional_fields(cfg: Any, block: str) -> None:
     if present("max_grad_norm") and config_value(cfg, f"{block}.max_grad_norm") is not None:
         number(cfg, f"{block}.max_grad_norm", minimum=0.0, strict=False)
     for field, options in (("kl_kind", KL_KINDS), ("loss_agg", LOSS_AGGREGATIONS), ("dispatch", DISPATCH_MODES),
-                           ("budget_reference", BUDGET_REFERENCES)):
+                           ("budget_reference", BUDGET_REFERENCES), ("self_reward_credit", SELF_REWARD_CREDITS)):
         if present(field):
             choice(cfg, f"{block}.{field}", options)
     for field in ("normalize_std", "kl_metric", "common_random_numbers", "return_params"):

@@ -30,6 +30,10 @@ reads the same fields. Fields of `config.inner` (defaults in brackets):
   ["base_lengths"], budget_tokens [0],                tokens; 0 disables), inner time limit (s),
   time_limit_s [0.0], host_workers [4],               host primitive threads, whether trained
   return_params [True]                                policies come back on the host
+  self_reward_credit ["episode"]                      Self-Guide's self-rewards (primitive g_sg):
+                                                      "episode" sums them into the episode's reward
+                                                      (one advantage for all its turns); "turn"
+                                                      credits each to its own turn (derl_jax/rl/loop.py)
 
 Training progress: step s of an S-step run (s = 0..S-1) sees u = s / (S - 1), so u is exactly
 0 on the first step and exactly 1 on the last; a one-step run has only a first step and
@@ -50,6 +54,7 @@ from derl_jax.rl.grpo import GRPOConfig
 
 DISPATCH_MODES = ("auto", "batched", "loop")
 BUDGET_REFERENCES = ("base_lengths", "outcome_run")
+SELF_REWARD_CREDITS = ("episode", "turn")
 
 
 def progress(step, steps: int):
@@ -93,6 +98,7 @@ class InnerConfig:
     algorithm: str = "grpo"
     dynamic_oversample: int = 1
     overlong_buffer: int = 0
+    self_reward_credit: str = "episode"
 
     def __post_init__(self):
         def integer(name, minimum):
@@ -117,6 +123,8 @@ class InnerConfig:
             raise field_error(self, "dispatch", f"must be one of {DISPATCH_MODES}")
         if self.budget_reference not in BUDGET_REFERENCES:
             raise field_error(self, "budget_reference", f"must be one of {BUDGET_REFERENCES}")
+        if self.self_reward_credit not in SELF_REWARD_CREDITS:
+            raise field_error(self, "self_reward_credit", f"must be one of {SELF_REWARD_CREDITS}")
         if not math.isfinite(self.budget_factor):
             raise field_error(self, "budget_factor", "must be finite")
         if not math.isfinite(self.time_limit_s) or self.time_limit_s < 0:
@@ -196,7 +204,7 @@ def inner_config(cfg: Any, max_new_tokens: int) -> InnerConfig:
                 for name in ("temperature", "top_k", "chunk_size", "eval_batch_size", "kl_metric",
                              "common_random_numbers", "dispatch", "budget_factor", "budget_reference",
                              "budget_tokens", "time_limit_s", "host_workers", "return_params", "algorithm",
-                             "dynamic_oversample", "overlong_buffer")}
+                             "dynamic_oversample", "overlong_buffer", "self_reward_credit")}
     casts = {f.name: type(f.default) for f in fields.values() if f.name in optional}
     return InnerConfig(
         steps=int(_value(block, "steps")), prompts_per_step=int(_value(block, "prompts_per_step")),

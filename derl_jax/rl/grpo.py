@@ -3,12 +3,14 @@
 Shapes: B prompts, G samples per prompt (`group_size`), N = B*G rollouts, T generated tokens.
 Rollouts of one prompt sit next to each other: rows [b*G, (b+1)*G) share prompt b. Token
 arrays are [N, T], or [N, ..., T] when a row holds several sequences (the S turns of a
-multi-turn episode, [N, S, T]): a row's advantage covers all of them, and the per-sequence
-normalisations (`token_weights`) count each [T] slice as a sequence.
+multi-turn episode, [N, S, T]): a row's advantage f32[N] covers all of them (or f32[N, S]
+gives each sequence its own), and the per-sequence normalisations (`token_weights`) count
+each [T] slice as a sequence.
 
 Pieces, each usable on its own:
   sanitize_rewards    NaN/inf rewards -> 0, counted
   group_advantages    per-group centring (and optional std scaling; Dr.GRPO drops it)
+  turn_advantages     the same over every taken turn of a group's episodes (per-turn rewards)
   clipped_surrogate   PPO-style clipped policy-gradient loss per token
   kl_estimate         k1 / k2 / k3 estimators of KL(policy || reference) per token
   token_weights       each normalisation as a weighted token sum over a count
@@ -96,6 +98,37 @@ def group_advantages(
     return jnp.where(constant, 0.0, centred).reshape(-1)
 
 
+def turn_advantages(
+    rewards: jax.Array, mask: jax.Array, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
+) -> jax.Array:
+    """Group-relative advantages of per-turn rewards.
+
+    rewards: f32[B*G, S], each turn's own reward, the G episodes of a prompt adjacent; mask:
+    bool[B*G, S], the turns each episode took. Every taken turn of a group's G episodes is one
+    sample: returns f32[B*G, S] = r - their mean, divided by (their std + eps) when
+    `normalize_std` (sample std, ddof=1), so a longer episode weighs more in its group's
+    baseline. Turns not taken, and every turn of a group whose taken turns all have the same
+    reward, get exactly 0.
+    """
+    rewards, mask = jnp.asarray(rewards, jnp.float32), jnp.asarray(mask, bool)
+    if rewards.ndim != 2 or mask.shape != rewards.shape:
+        raise ValueError(f"turn_advantages: rewards f32[N, S] and mask bool[N, S] must match, got {rewards.shape} "
+                         f"and {mask.shape}")
+    if group_size < 1 or rewards.shape[0] % group_size:
+        raise ValueError(f"turn_advantages: {rewards.shape[0]} episodes cannot be split into groups of "
+                         f"group_size={group_size}")
+    groups, taken = rewards.reshape(-1, group_size * rewards.shape[1]), mask.reshape(-1, group_size * rewards.shape[1])
+    count = jnp.sum(taken, axis=1, keepdims=True).astype(jnp.float32)
+    mean = jnp.sum(jnp.where(taken, groups, 0.0), axis=1, keepdims=True) / jnp.maximum(count, 1.0)
+    centred = jnp.where(taken, groups - mean, 0.0)
+    if normalize_std:
+        std = jnp.sqrt(jnp.sum(centred**2, axis=1, keepdims=True) / jnp.maximum(count - 1.0, 1.0))
+        centred = centred / (std + eps)
+    highest = jnp.max(jnp.where(taken, groups, -jnp.inf), axis=1, keepdims=True)
+    lowest = jnp.min(jnp.where(taken, groups, jnp.inf), axis=1, keepdims=True)
+    return jnp.where(taken & (highest > lowest), centred, 0.0).reshape(rewards.shape)
+
+
 # ----------------------------------------------------------------------------- token losses
 
 
@@ -119,13 +152,20 @@ def ratio_and_clip(
     return ratio, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
 
 
+def _check_advantages(advantages: jax.Array, shape: tuple[int, ...]) -> None:
+    """Advantages are per row f32[N] or per sequence f32[N, ...] of token arrays of `shape` [N, ..., T]
+    (AssertionError otherwise)."""
+    chex.assert_shape(advantages, tuple(shape[:min(max(jnp.ndim(advantages), 1), max(len(shape) - 1, 1))]))
+
+
 def _surrogate_and_clip_mask(logp, old_logp, advantages, mask, clip_low, clip_high):
     """(per-token clipped loss f32[N, T], 0 off the mask; bool[N, T] where the clip is the smaller term)."""
     mask = jnp.asarray(mask, bool)
     chex.assert_equal_shape([logp, old_logp, mask])
-    chex.assert_shape(advantages, logp.shape[:1])
+    _check_advantages(advantages, logp.shape)
     ratio, clipped = ratio_and_clip(logp, old_logp, clip_low=clip_low, clip_high=clip_high)
-    adv = jnp.asarray(advantages, jnp.float32).reshape(logp.shape[:1] + (1,) * (logp.ndim - 1))
+    adv = jnp.asarray(advantages, jnp.float32)
+    adv = adv.reshape(adv.shape + (1,) * (logp.ndim - adv.ndim))
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
     per_token = jnp.where(mask, jnp.maximum(unclipped_loss, clipped_loss), 0.0)
@@ -143,7 +183,8 @@ def clipped_surrogate(
 ) -> tuple[jax.Array, jax.Array]:
     """Clipped policy-gradient loss.
 
-    logp, old_logp: f32[N, T]; advantages: f32[N] (broadcast over tokens); mask: bool[N, T].
+    logp, old_logp: f32[N, T] (or f32[N, ..., T]); advantages: f32[N] (broadcast over tokens; or
+    one per sequence, e.g. f32[N, S] for [N, S, T]); mask: bool, shaped as logp.
     Returns (per_token_loss f32[N, T] = -min(ratio*A, clip(ratio)*A), 0 where mask is False;
     clip_fraction f32[] = share of valid tokens where the clipped term is the smaller one,
     i.e. where clipping cuts the gradient).
@@ -339,7 +380,7 @@ def grpo_loss_sums(
             raise KeyError(f"grpo_loss: batch has no {key!r}; keys: {sorted(batch)}")
     mask = jnp.asarray(batch["mask"], bool)
     _check_rows(mask)
-    chex.assert_shape(batch["advantages"], mask.shape[:1])
+    _check_advantages(batch["advantages"], mask.shape)
     chex.assert_shape(batch["old_logp"], mask.shape)
     loss_weights, loss_count = token_weights(mask, cfg.loss_agg)
     weights, count = token_weights(mask, "token_mean")
@@ -379,7 +420,8 @@ def grpo_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO objective on one (mini)batch.
 
-    batch: old_logp f32[N, T], advantages f32[N], mask bool[N, T], ref_logp f32[N, T]
+    batch: old_logp f32[N, T], advantages f32[N] (or per sequence, f32[N, S] for [N, S, T] rows),
+      mask bool[N, T], ref_logp f32[N, T]
       (may be absent when cfg.kl_coef == 0), plus whatever `logprob_fn` reads.
     logprob_fn(params, batch) -> (logp f32[N, T] of the sampled tokens, entropy f32[N, T]).
     Returns (loss f32[], metrics) where loss = aggregate(pg + kl_coef * kl, mask, cfg.loss_agg)

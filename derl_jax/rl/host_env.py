@@ -11,6 +11,9 @@ states. The rollout calls `step` exactly `max_turns` times per episode; an episo
 done is not stepped again (the bridge answers with its last observation and done = True), and
 its table entry is dropped after its last call. Simulator calls happen on the host thread that
 runs the callback; a lock makes concurrent calls (several candidates in flight) safe.
+
+The step's info carries the interface's step_score and success, and self_reward f32[] too
+when the environment writes self-assessments (`env.self_guide`, Self-Guide).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from derl_jax.domains.env import STEP_INFO_KEYS, checked_host_step
+
+SELF_REWARD_KEY = "self_reward"
 
 
 def _flat(array: np.ndarray, batch_ndim: int) -> np.ndarray:
@@ -42,6 +47,7 @@ class HostEnvBridge:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._episodes: dict[int, dict[str, Any]] = {}
+        self.info_keys = STEP_INFO_KEYS + ((SELF_REWARD_KEY,) if getattr(env, "self_guide", False) else ())
 
     # ------------------------------------------------------------------ host side
 
@@ -63,7 +69,7 @@ class HostEnvBridge:
         count = flat_handles.size
         obs = np.zeros((count, self.obs_length), np.int32)
         reward, done = np.zeros(count, np.float32), np.ones(count, bool)
-        info = {name: np.zeros(count, np.float32) for name in STEP_INFO_KEYS}
+        info = {name: np.zeros(count, np.float32) for name in self.info_keys}
         with self._lock:
             episodes = [self._episodes[int(h)] for h in flat_handles]
             live = [row for row, episode in enumerate(episodes) if not episode["done"]]
@@ -76,7 +82,9 @@ class HostEnvBridge:
                     episode.update(state=new_states[i], obs=np.asarray(new_obs[i], np.int32), done=bool(new_done[i]),
                                    success=float(new_info["success"][i]))
                     reward[row], done[row] = new_reward[i], new_done[i]
-                    info["step_score"][row] = new_info["step_score"][i]
+                    for name in self.info_keys:
+                        if name != "success":   # success is the episode's, reported below for every row
+                            info[name][row] = new_info[name][i]
             for row, (handle, episode) in enumerate(zip(flat_handles, episodes)):
                 obs[row], info["success"][row] = episode["obs"], episode["success"]
                 episode["calls"] += 1
@@ -97,5 +105,5 @@ class HostEnvBridge:
         """(obs i32[O], handle, reward f32[], done bool[], info) after `action` i32[A], on the host."""
         scalar = jax.ShapeDtypeStruct((), jnp.float32)
         shapes = (jax.ShapeDtypeStruct((self.obs_length,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32), scalar,
-                  jax.ShapeDtypeStruct((), jnp.bool_), {name: scalar for name in STEP_INFO_KEYS})
+                  jax.ShapeDtypeStruct((), jnp.bool_), {name: scalar for name in self.info_keys})
         return jax.pure_callback(self._step_host, shapes, state, action, vmap_method="broadcast_all")

@@ -14,7 +14,8 @@ steps. Step s:
     form a group) -> rollout stage (sample completions, or play episodes) -> primitive values
     f32[N, P] -> reward = evaluate(program, prims, u) with u = progress(s, S) (0 on the first
     step, 1 on the last) -> NaN/inf rewards set to 0 and counted -> group advantages (one per
-    episode, shared by all its turns' rows) -> reference log-probs under the frozen initial
+    episode, shared by all its turns' rows; with `inner.self_reward_credit="turn"` one per turn,
+    see below) -> reference log-probs under the frozen initial
     policy (for the KL penalty or the KL metric) -> `grpo_update` (epochs x minibatches
     optimizer steps; the importance ratio's old log-probs are the sampler's).
 
@@ -24,6 +25,14 @@ completion's reward gets `overlong_penalty` of its length before the advantages;
 trains on the B groups `dapo.select` picks from their rewards (static shapes, so it runs
 under jit and under vmap over K programs). `rewards_and_advantages` does both, for the host
 kind too.
+
+Per-turn credit of Self-Guide's self-rewards (`inner.self_reward_credit="turn"`, a domain with
+the primitive g_sg): turn t of episode n is rewarded by the expression evaluated on the
+episode's primitives with g_sg replaced by that turn's own self-reward r_sg_{n,t} (not the
+episode's sum), e.g. R_env + lambda(u) * r_sg_{n,t} for Self-Guide's reward, and its advantage
+is that reward's group-relative value among every taken turn of the group's episodes
+(`grpo.turn_advantages`); the update rows get one advantage per turn ([N*S] with a window,
+[N, S] with the whole history). The per-step `reward_mean` stays the episode reward's mean.
 
 Reward expressions are data (`Program` arrays), so `train_many` — `jax.vmap` of `train` over
 the stacked programs and keys, the policy shared (one initial policy for every candidate)
@@ -56,15 +65,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains.base import FULL_HISTORY, Domain, TokenDataset
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, replicated
 from derl_jax.rl import dapo
 from derl_jax.rl.config import InnerConfig, check_rollout_kind, metric_names, progress
-from derl_jax.rl.grpo import group_advantages, grpo_update, make_optimizer, sanitize_rewards
+from derl_jax.rl.grpo import group_advantages, grpo_update, make_optimizer, sanitize_rewards, turn_advantages
 from derl_jax.rl.placement import leading_size, map_candidates, params_candidate_axis, update_split
 from derl_jax.rl.rollout import device_rollout
+from derl_jax.selfguide import SELF_REWARD_PRIMITIVE
 
 _GREEDY_KEY_SEED = 0  # greedy decoding ignores the key; sample() still takes one
 
@@ -110,6 +120,28 @@ def rewards_and_advantages(program: Program, prims: jax.Array, u: jax.Array, gro
         stats = {"shortfall": chosen.shortfall, "informative_fraction": chosen.informative_fraction}
     advantages = group_advantages(shaped, group_size, normalize_std=normalize_std)
     return StepRewards(rewards, nonfinite, advantages, rows, stats)
+
+
+def turn_rewards(program: Program, prims: jax.Array, self_rewards: jax.Array, column: int, u: jax.Array) -> jax.Array:
+    """f32[N, S]: `program` at progress u on each turn's primitives: prims f32[N, P] with column
+    `column` (g_sg) replaced by the turn's own self-reward self_rewards f32[N, S]; non-finite
+    rewards set to 0."""
+    (count, width), turns = prims.shape, self_rewards.shape[1]
+    per_turn = jnp.broadcast_to(prims[:, None, :], (count, turns, width)).at[:, :, column].set(self_rewards)
+    rewards, _ = sanitize_rewards(evaluate(program, per_turn.reshape(count * turns, width), u))
+    return rewards.reshape(count, turns)
+
+
+def _self_reward_column(domain: Domain, cfg: InnerConfig) -> int | None:
+    """The column of g_sg among the domain's primitives under per-turn credit (None under episode
+    credit); ValueError when the domain cannot credit turns."""
+    if cfg.self_reward_credit != "turn":
+        return None
+    if domain.rollout != "env" or SELF_REWARD_PRIMITIVE not in domain.primitive_names:
+        raise ValueError(f"make_inner_loop: self_reward_credit='turn' needs a multi-turn domain with the primitive "
+                         f"{SELF_REWARD_PRIMITIVE!r}; {domain.name!r} has rollout {domain.rollout!r} and primitives "
+                         f"{tuple(domain.primitive_names)} (set config.domain.self_guide=True)")
+    return list(domain.primitive_names).index(SELF_REWARD_PRIMITIVE)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -169,6 +201,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
         return jax.lax.with_sharding_constraint(x, replicated(mesh))
 
     rollout = device_rollout(domain, graphdef, cfg, over_data)
+    self_reward_column = _self_reward_column(domain, cfg)
     # rows [b*G, (b+1)*G) share a prompt; the update keeps that order only with one minibatch
     update_groups = rollout.prefill_group if cfg.grpo.minibatches == 1 else 1
     minibatch_rows = cfg.rollouts_per_step * rollout.rows_per_episode // cfg.grpo.minibatches
@@ -193,13 +226,20 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             prims = domain.primitive_values(episode, context)
             lengths = jnp.sum(update_batch["mask"], axis=-1)   # single turn: completion tokens i32[O*N]
             taken = jnp.any(update_batch["mask"], axis=-1)
-            scored = rewards_and_advantages(
-                program, prims, progress(index.astype(jnp.float32), steps), group, cfg.grpo.normalize_std, lengths,
-                max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
-                oversample=cfg.dynamic_oversample)
+            u = progress(index.astype(jnp.float32), steps)
+            scored = rewards_and_advantages(program, prims, u, group, cfg.grpo.normalize_std, lengths,
+                                            max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
+                                            oversample=cfg.dynamic_oversample)
             if scored.rows is not None:   # dynamic sampling: the chosen groups' rows (single turn: one per rollout)
                 update_batch = jax.tree_util.tree_map(lambda x: over_data(x[scored.rows]), update_batch)
-            update_batch = dict(update_batch, advantages=jnp.repeat(scored.advantages, rollout.rows_per_episode))
+            if self_reward_column is None:   # one advantage per episode, on each of its rows
+                advantages = jnp.repeat(scored.advantages, rollout.rows_per_episode)
+            else:                            # one per turn: [N, S] rows of the whole history, else N*S rows
+                per_turn = turn_rewards(program, prims, episode["self_rewards"], self_reward_column, u)
+                advantages = turn_advantages(per_turn, episode["step_mask"], group,
+                                             normalize_std=cfg.grpo.normalize_std)
+                advantages = advantages if domain.history == FULL_HISTORY else advantages.reshape(-1)
+            update_batch = dict(update_batch, advantages=advantages)
             if cfg.top_k != 0:  # the top-k filtered sampling distribution is not the one the update differentiates
                 update_batch["old_logp"] = completion_logprobs(params, update_batch, rollout.prefill_group)[0]
             if cfg.uses_reference:

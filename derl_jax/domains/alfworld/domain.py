@@ -9,7 +9,11 @@ Config block `domain` (configs/alfworld.py):
   generated games; max_turns
   per episode; history: the prompt window W; obs_length / action_length: tokens per
   observation / action; description_length: tokens of the task line in the task prompt;
-  num_workers: worker processes (0 = every game in this process).
+  num_workers: worker processes (0 = every game in this process); self_guide (default False):
+  the policy writes a self-assessment word before each action (Self-Guide,
+  derl_jax/domains/selfguide.py; it counts among the action_length tokens and the engine never
+  sees it), mapped to the internal rewards self_rewards (default (0.1, 0.0, -0.1)); adds the
+  primitive g_sg.
 Token ids: with `config.policy.tokenizer` or `config.policy.checkpoint` the policy's own
 tokenizer (`scienceworld.subword`); otherwise a word vocabulary (`scienceworld.vocab`) of
 ALFWorld's grammar, the action verbs, numbers 1..99 and every game's goal and entity names.
@@ -17,7 +21,7 @@ Policy block options read by the warm-start corpus: sft_perturb_rate (default 0.
 
 A split is a TokenDataset: prompts = <bos> + "Your task is to: <goal>." (left padded), context
 = {"game": i32[M]} (index into env.games: training games first). Primitives: the agent family
-(outcome, phase_first, phase_middle, phase_last), outcome first.
+(outcome, phase_first, phase_middle, phase_last), outcome first, then g_sg with self_guide.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
                              optional_fraction)
+from derl_jax.domains import selfguide
 from derl_jax.domains.alfworld import problems as P
 from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import game_logic
@@ -76,12 +81,13 @@ def grammar_words() -> set[str]:
     return {w for text in texts for w in words(re.sub(r"\{.*?\}|#.*?#|\\n", " ", text))}
 
 
-def make_vocabulary(games: Sequence[P.GameSpec]) -> Vocabulary:
-    """The word vocabulary of `games` (module docstring); depends only on ALFWorld and the games."""
+def make_vocabulary(games: Sequence[P.GameSpec], assessments: bool = False) -> Vocabulary:
+    """The word vocabulary of `games` (module docstring), with the self-assessment words last when
+    `assessments`; depends only on ALFWorld, the games and that option."""
     met = grammar_words() | set(words(VERBS)) | {str(n) for n in range(1, 100)} | set(words(NOTHING))
     for game in games:
         met |= set(words(task_text(game))) | entity_names(game)
-    return Vocabulary(met, P.KINDS)
+    return Vocabulary(met, P.KINDS, assessments=assessments)
 
 
 def make_dataset(games: Sequence[P.GameSpec], first: int, vocab, description_length: int) -> TokenDataset:
@@ -103,14 +109,15 @@ def make_alfworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
 
         vocab = SubwordTable(HFTokenizer.from_directory(tokenizer_dir), P.KINDS)
     else:
-        vocab = make_vocabulary(train + test)
+        vocab = make_vocabulary(train + test, assessments=selfguide.enabled(cfg))
     env = AlfWorldEnv(train + test, int(cfg.num_workers), vocab=vocab, obs_length=int(cfg.obs_length),
-                      action_length=int(cfg.action_length), max_turns=int(cfg.max_turns))
+                      action_length=int(cfg.action_length), max_turns=int(cfg.max_turns),
+                      self_guide=selfguide.enabled(cfg), self_rewards=selfguide.self_rewards(cfg))
     atexit.register(env.close)
     length = int(cfg.description_length)
     domain = Domain(
         name="alfworld",
-        primitives=registry.resolve("agent", AGENT_PRIMITIVES),
+        primitives=registry.resolve("agent", selfguide.primitive_names(AGENT_PRIMITIVES, cfg)),
         outcome_index=0,
         train=make_dataset(train, 0, vocab, length),
         test=make_dataset(test, len(train), vocab, length),
@@ -177,7 +184,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
     env, games = domain.env, domain.train.context["game"]
     settings = dict(description_length=int(domain.info["description_length"]), obs_length=env.obs_length,
                     action_length=env.action_length, window=domain.history, max_turns=env.max_turns,
-                    phrasing=rules.PHRASING)
+                    phrasing=rules.PHRASING, self_guide=env.self_guide)
 
     def play_rows(worker: int) -> list[list[tuple[str, str]]]:
         expert = ExpertGame(env, worker)
@@ -205,6 +212,7 @@ def validate_alfworld_config(cfg: Any) -> None:
     if isinstance(kinds, str) or not kinds or len(set(kinds)) != len(kinds) or any(k not in P.KINDS for k in kinds):
         raise ConfigError(f"config.domain.kinds must be a tuple of distinct ALFWorld task kinds of {P.KINDS}, got {kinds!r}")
     held_out_split(cfg, "domain.kinds", "domain.held_out_kinds", "kinds")
+    selfguide.validate_fields(cfg)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     try:
         require_engine()
@@ -219,6 +227,7 @@ def validate_alfworld_config(cfg: Any) -> None:
                              "writes it under $ALFWORLD_DATA), or set data_dir='' to play generated games")
 
 
-@register_domain("alfworld", primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_alfworld_config)
+@register_domain("alfworld", primitive_names=lambda cfg: selfguide.primitive_names(AGENT_PRIMITIVES, cfg.domain),
+                 validate=validate_alfworld_config)
 def build_alfworld_domain(cfg: Any) -> Domain:
     return make_alfworld_domain(cfg.domain, tokenizer_directory(cfg))

@@ -18,6 +18,11 @@ reaching the engine.
            subgoals, `rules.py`), success f32[B] (won), score f32[B] (= success),
            valid f32[B] (the action did something)
 
+Self-Guide (`self_guide=True`): every action starts with a self-assessment word
+(derl_jax/domains/selfguide.py), which the engine never sees; info adds assessment i32[B]
+(index into ASSESSMENTS, -1 when missing: the action is then malformed and not played) and
+self_reward f32[B] (its internal reward of `self_rewards`).
+
 Steps after `done` change nothing (zeros). The keys are accepted for the interface and not used.
 """
 
@@ -30,6 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from derl_jax.config import InputError
+from derl_jax.domains import selfguide
 from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import Workers, engine_missing
 from derl_jax.domains.alfworld.problems import GameSpec
@@ -68,8 +74,10 @@ class AlfWorldEnv:
     host = True
 
     def __init__(self, games: Sequence[GameSpec], num_workers: int, *, vocab, obs_length: int = 128,
-                 action_length: int = 16, max_turns: int = 30, describe_task: bool = False):
+                 action_length: int = 16, max_turns: int = 30, describe_task: bool = False, self_guide: bool = False,
+                 self_rewards: Sequence[float] = selfguide.DEFAULT_SELF_REWARDS):
         require_engine()   # before any process starts: one clear message when the package is missing
+        self.self_guide, self.self_rewards = bool(self_guide), selfguide.checked_rewards(self_rewards)
         self.games = list(games)
         self.vocab, self.describe_task = vocab, describe_task
         self.obs_length, self.action_length, self.max_turns = obs_length, action_length, max_turns
@@ -106,7 +114,9 @@ class AlfWorldEnv:
         actions = np.asarray(actions)
         if actions.shape != (len(states), self.action_length):
             raise ValueError(f"step: actions must be int [{len(states)}, {self.action_length}], got {actions.shape}")
-        parsed = [T.split_tag(self.vocab.decode(row)) for row in actions]
+        read = [selfguide.read_action(self.vocab.decode(row), self.self_guide) for row in actions]
+        parsed = [T.split_tag(text) for _, text in read]
+        live = np.array([not episode.done for episode in states])
         calls = []   # (row, worker, operation)
         for b, (episode, (tag, command)) in enumerate(zip(states, parsed)):
             if episode.done:
@@ -133,6 +143,9 @@ class AlfWorldEnv:
             obs[b] = self.vocab.encode(observation, self.obs_length)
         success = np.array([float(e.won) for e in states], np.float32)
         info = {"step_score": step_score, "success": success, "score": success.copy(), "valid": valid}
+        if self.self_guide:
+            info["assessment"] = np.array([index if alive else -1 for (index, _), alive in zip(read, live)], np.int32)
+            info["self_reward"] = selfguide.self_reward(info["assessment"], self.self_rewards, live)
         return obs, list(states), reward, np.array([e.done for e in states]), info
 
     def close(self) -> None:

@@ -11,8 +11,9 @@ Config block `domain` (configs/household.py):
   0 or >= the task prompt's 77; a longer window loses its oldest tokens, a full-history episode
   ends before a turn whose prompt would not fit (rollout and corpus alike);
   self_guide (default False): the policy writes a self-assessment word before each action
-  (Self-Guide, see selfguide.py), mapped to the internal rewards self_rewards (default
-  (0.1, 0.0, -0.1) for progress+ / progress= / progress-); adds the primitive g_sg.
+  (Self-Guide, see derl_jax/domains/selfguide.py and selfguide.py here), mapped to the internal
+  rewards self_rewards (default (0.1, 0.0, -0.1) for progress+ / progress= / progress-); adds
+  the primitive g_sg.
 Policy block options read by the warm-start corpus: sft_perturb_rate (share of random
 actions mixed into the expert's turns, default 0.3), sft_extra_tasks (fresh training-type
 tasks played besides the training split, default 0).
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import jax
@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import primitives.agent  # noqa: F401  (registers the agent primitives)
-from derl_jax.config import (ConfigError, boolean, choice, config_value, int_at_least, int_tuple, is_number,
-                             optional_fraction)
+from derl_jax.config import ConfigError, choice, config_value, int_at_least, int_tuple, optional_fraction
+from derl_jax.domains import selfguide
 from derl_jax.domains.base import FULL_HISTORY, Domain, TokenDataset
 from derl_jax.domains.household import corpus as household_corpus
 from derl_jax.domains.household import tasks as T
@@ -46,10 +46,8 @@ from derl_jax.domains.household.prompt import TASK_PROMPT_LENGTH, task_prompt
 from derl_jax.domains.registry import register_domain
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
-from primitives.selfguide import SELF_REWARD_PRIMITIVE
 
 DEFAULT_PERTURB_RATE = 0.3
-DEFAULT_SELF_REWARDS = (0.1, 0.0, -0.1)
 
 
 def make_dataset(tasks: T.Task) -> TokenDataset:
@@ -70,9 +68,8 @@ def make_household_domain(cfg: Any) -> Domain:
     """The household Domain of config block `cfg` (`config.domain`)."""
     held_out = tuple(int(k) for k in cfg.get("held_out_kinds", T.DEFAULT_HELD_OUT_KINDS))
     train, test = T.level_splits(str(cfg.level), int(cfg.seed), int(cfg.num_train), int(cfg.num_test), held_out)
-    self_guide = bool(cfg.get("self_guide", False))
-    env = HouseholdEnv(max_turns=int(cfg.max_turns), self_guide=self_guide,
-                       self_rewards=tuple(cfg.get("self_rewards", DEFAULT_SELF_REWARDS)))
+    self_guide = selfguide.enabled(cfg)
+    env = HouseholdEnv(max_turns=int(cfg.max_turns), self_guide=self_guide, self_rewards=selfguide.self_rewards(cfg))
     train_kinds, test_kinds, unseen = T.level_kinds(str(cfg.level), held_out)
     domain = Domain(
         name="household",
@@ -110,7 +107,7 @@ def domain_history(domain_cfg: Any) -> int | str:
 
 def household_primitive_names(domain_cfg: Any) -> tuple[str, ...]:
     """The agent primitives, plus the summed self-reward `g_sg` when `self_guide` is on."""
-    return AGENT_PRIMITIVES + ((SELF_REWARD_PRIMITIVE,) if bool(domain_cfg.get("self_guide", False)) else ())
+    return selfguide.primitive_names(AGENT_PRIMITIVES, domain_cfg)
 
 
 def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
@@ -169,15 +166,7 @@ def validate_household_config(cfg: Any) -> None:
     held_out = int_tuple(cfg, "domain.held_out_kinds", minimum=0, allowed=range(len(T.KINDS)))
     if len(held_out) != 2:
         raise ConfigError(f"config.domain.held_out_kinds must name two kinds of 0..5 {T.KINDS}, got {held_out}")
-    domain = config_value(cfg, "domain")
-    if "self_guide" in domain:
-        boolean(cfg, "domain.self_guide")
-    if "self_rewards" in domain:
-        rewards = domain["self_rewards"]
-        if (isinstance(rewards, str) or not hasattr(rewards, "__len__") or len(rewards) != 3
-                or not all(is_number(r) and math.isfinite(float(r)) for r in rewards)):
-            raise ConfigError(f"config.domain.self_rewards must be three finite numbers (for "
-                              f"{', '.join(vocab.ASSESSMENTS)}), got {rewards!r}")
+    selfguide.validate_fields(cfg)
     policy = config_value(cfg, "policy")
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     if "sft_extra_tasks" in policy:

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from derl_jax.domains import selfguide
 from derl_jax.domains.household import actions as A
 from derl_jax.domains.household import text, vocab
 from derl_jax.domains.household.tasks import (CLEAN, COOL, EXAMINE, HEAT, HELD, PICK_TWO, Task)
@@ -219,7 +220,7 @@ class HouseholdEnv:
     obs_length: int = OBS_LENGTH
     action_length: int | None = None       # None: A.ACTION_LENGTH, plus one with self_guide
     self_guide: bool = False
-    self_rewards: tuple[float, float, float] = (0.1, 0.0, -0.1)
+    self_rewards: tuple[float, float, float] = selfguide.DEFAULT_SELF_REWARDS
 
     def __post_init__(self):
         if self.max_turns < 1:
@@ -230,10 +231,8 @@ class HouseholdEnv:
         if self.obs_length < OBS_LENGTH or self.action_length != expected:
             raise ValueError(f"HouseholdEnv: obs_length must be >= {OBS_LENGTH} and action_length "
                              f"{expected}, got {self.obs_length} and {self.action_length}")
-        object.__setattr__(self, "self_rewards", tuple(float(r) for r in self.self_rewards))
-        if len(self.self_rewards) != len(vocab.ASSESSMENTS):
-            raise ValueError(f"HouseholdEnv: self_rewards must hold {len(vocab.ASSESSMENTS)} values (for "
-                             f"{', '.join(vocab.ASSESSMENTS)}), got {self.self_rewards}")
+        object.__setattr__(self, "self_rewards",
+                           selfguide.checked_rewards(self.self_rewards, "HouseholdEnv: self_rewards"))
 
     def reset(self, key: jax.Array, task: Task) -> tuple[jax.Array, HouseholdState]:
         """(obs i32[O], state) in the middle of the room of `task` (a `Task` or a mapping with its
@@ -296,8 +295,7 @@ class HouseholdEnv:
             "tags": tags,
         }
         if self.self_guide:
-            values = jnp.asarray(self.self_rewards, jnp.float32)[jnp.maximum(assessment, 0)]
             info["assessment"] = assessment
-            info["self_reward"] = jnp.where(live & (assessment >= 0), values, 0.0).astype(jnp.float32)
+            info["self_reward"] = selfguide.self_reward(assessment, self.self_rewards, live, xp=jnp)
         reward = (live & success).astype(jnp.float32)
         return obs, new_state, reward, new_state.done, info

@@ -1,8 +1,9 @@
 """Self-Guide in the household: the expert's self-assessments and actions that carry them.
 
 With the domain's `self_guide` option the policy writes, before each tagged action, one word
-assessing its progress so far (vocab.ASSESSMENTS), as the Self-Guide paper's agent writes its
-guidance z_t from the history and the current observation before choosing a_t:
+assessing its progress so far (vocab.ASSESSMENTS; the rule of derl_jax/domains/selfguide.py), as
+the Self-Guide paper's agent writes its guidance z_t from the history and the current
+observation before choosing a_t:
 
     progress+   the last step completed a subgoal (`progress` rose: holding the goal object,
                 treating it, placing it);
@@ -21,13 +22,12 @@ import jax.numpy as jnp
 
 from derl_jax.domains.household import vocab
 from derl_jax.domains.household.env import HouseholdState
-
-POSITIVE, NEUTRAL, NEGATIVE = range(len(vocab.ASSESSMENTS))
+from derl_jax.domains.selfguide import assess
 
 
 def expert_assessment(state: HouseholdState) -> jax.Array:
     """i32[]: the index (into vocab.ASSESSMENTS) of the expert's assessment before acting in `state`."""
-    return jnp.select([state.subgoal_done, state.last_failed], [POSITIVE, NEGATIVE], NEUTRAL).astype(jnp.int32)
+    return assess(state.subgoal_done, state.last_failed, xp=jnp)
 
 
 def with_assessment(policy):

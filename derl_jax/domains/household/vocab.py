@@ -21,6 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
+from derl_jax.domains.selfguide import ASSESSMENT_PATTERN, ASSESSMENTS
+
 PAD, BOS, EOS, OBS, ACT = "<pad>", "<bos>", "<eos>", "<obs>", "<act>"
 SPECIALS = (PAD, BOS, EOS, OBS, ACT)
 TAGS = ("plan", "explore", "reflect", "act")
@@ -63,9 +65,9 @@ APPLIANCES = (SINK, MICROWAVE, FRIDGE)
 
 WORDS = (*SPECIALS, *TAGS, *VERBS, *[w for w in TEXT_WORDS if w not in VERBS], *DIGITS,
          *OBJECT_NAMES, *RECEPTACLE_NAMES)
-# Self-assessments (Self-Guide; used only when the domain's self_guide option is on): positive,
-# neutral, negative progress. Their ids follow the base vocabulary, so every other id is the same.
-ASSESSMENTS = ("progress+", "progress=", "progress-")
+# Self-assessments (Self-Guide, derl_jax/domains/selfguide.py; used only when the domain's self_guide
+# option is on): positive, neutral, negative progress. Their ids follow the base vocabulary, so every
+# other id is the same.
 ALL_WORDS = (*WORDS, *ASSESSMENTS)
 assert len(set(ALL_WORDS)) == len(ALL_WORDS), "household vocabulary repeats a word"
 ID = {word: index for index, word in enumerate(ALL_WORDS)}
@@ -99,7 +101,7 @@ OBJECT_STRATA = {s: tuple(i for i, n in enumerate(OBJECT_NAMES) if OBJECT_TYPES[
 RECEPTACLE_STRATA = {s: tuple(i for i, n in enumerate(RECEPTACLE_NAMES) if RECEPTACLE_TYPES[n][0] == s)
                      for s in ("closed", "open")}
 
-_TOKEN_PATTERN = re.compile(r"<[a-z]+>|in/on|there's|progress[-+=]|[a-z0-9]+|[.,:]")
+_TOKEN_PATTERN = re.compile(rf"<[a-z]+>|in/on|there's|{ASSESSMENT_PATTERN}|[a-z0-9]+|[.,:]")
 
 
 class WordVocab:

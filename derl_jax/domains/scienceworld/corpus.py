@@ -12,6 +12,12 @@ prompt has the multi-turn rollout's layout (`derl_jax.domains.env.turn_prompts`)
 with the description cut to the task prompt's words, actions and observations cut to the
 environment's lengths exactly as the adapter encodes them, and padding dropped. So the corpus
 shows the policy what the rollout shows it.
+
+With Self-Guide (`self_guide=True`) every action starts with the expert's self-assessment of
+the step before it (`selfguide.assessment_after`): progress+ when that step raised the
+engine's score (ScienceWorld's score; ALFWorld's count of subgoals reached), progress- when
+its action failed (`tags.failed`, or not parsed) or the score fell, progress= otherwise and
+on the first turn. A random action keeps that sensible word; only the action is random.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from derl_jax.domains import selfguide
 from derl_jax.domains.scienceworld import tags as T
 from derl_jax.domains.scienceworld.vocab import Vocabulary
 
@@ -63,10 +70,11 @@ def correct_tag(tracker: T.TagTracker, action: str, observation: str) -> str:
 
 def play(worker, task: str, variation: int, seed: int, perturb_rate: float, vocab: Vocabulary, *,
          description_length: int, obs_length: int, action_length: int, window: int, max_turns: int,
-         simplifications: str = "easy", phrasing: T.Phrasing = T.SCIENCEWORLD) -> list[tuple[str, str]]:
+         simplifications: str = "easy", phrasing: T.Phrasing = T.SCIENCEWORLD,
+         self_guide: bool = False) -> list[tuple[str, str]]:
     """(prompt text, action text) per turn of one perturbed gold episode (module docstring);
     turns whose action would not fit in `action_length - 1` tokens (room for eos) are played
-    but not kept."""
+    but not kept. With `self_guide` each action text starts with the expert's assessment word."""
     rng = np.random.default_rng([int(seed), int(variation), sum(map(ord, task))])
     worker.load(task, variation, simplifications, gold_path=True)
     gold = worker.gold_actions()
@@ -75,7 +83,7 @@ def play(worker, task: str, variation: int, seed: int, perturb_rate: float, voca
     first = worker.reset(describe_task=False)   # the prompt carries the description
     slots = [([], [])] * (window - 1) + [([], _ids(vocab.encode(first, obs_length), vocab))]
     tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
-    score, pairs = 0.0, []
+    score, pairs, word = 0.0, [], selfguide.ASSESSMENTS[selfguide.NEUTRAL]
     plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
     for step in plan[:max_turns]:
         text = random_action(rng, vocab, objects) if step is None else None
@@ -87,6 +95,8 @@ def play(worker, task: str, variation: int, seed: int, perturb_rate: float, voca
             observation, new_score, completed = worker.step(action)
         tag, action = T.split_tag(text)
         T.score_step(tracker, tag, action, observation, new_score > score)
+        text = f"{word} {text}" if self_guide else text
+        word = selfguide.ASSESSMENTS[selfguide.assessment_after(new_score - score, tracker.last_failed)]
         score = new_score
         action_ids = _ids(vocab.encode(text, action_length), vocab)
         if len(vocab.tokens(text)) < action_length:

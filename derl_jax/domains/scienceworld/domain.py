@@ -7,7 +7,11 @@ Config block `domain` (configs/scienceworld.py):
   at random with split_seed); simplifications: the engine's ("easy");
   max_turns per episode; history: the prompt window W; obs_length / action_length: words per
   observation / action; description_length: words of the task description in the task prompt;
-  num_workers: JVMs (each holds many games, see env.py).
+  num_workers: JVMs (each holds many games, see env.py); self_guide (default False): the policy
+  writes a self-assessment word before each action (Self-Guide, derl_jax/domains/selfguide.py;
+  it counts among the action_length tokens and the engine never sees it), mapped to the
+  internal rewards self_rewards (default (0.1, 0.0, -0.1) for progress+ / progress= /
+  progress-); adds the primitive g_sg.
 Token ids: with `config.policy.tokenizer` or `config.policy.checkpoint` (a local Hugging Face
 directory) the policy's own tokenizer (subword.py); otherwise the word vocabulary below.
 Policy block options read by the warm-start corpus: sft_perturb_rate (share of harmless random
@@ -18,7 +22,8 @@ observation, the engine's words; the gold path's observations for training rows)
 vocabulary is the words met there (`vocab.Vocabulary`), so it depends only on the engine and
 the config. A split is a TokenDataset: prompts = <bos> + the variation's task description
 (left padded), context = {"task": i32[M] (index into domain.tasks), "variation": i32[M]}.
-Primitives: the agent family (outcome, phase_first, phase_middle, phase_last), outcome first.
+Primitives: the agent family (outcome, phase_first, phase_middle, phase_last), outcome first,
+then g_sg with self_guide.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
                              optional_fraction)
+from derl_jax.domains import selfguide
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.registry import register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
@@ -82,10 +88,11 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
     vocabulary built from the survey."""
     from derl_jax.domains.scienceworld.env import ScienceWorldEnv
 
-    tasks, simplifications = tuple(cfg.tasks), str(cfg.simplifications)
+    tasks, simplifications, self_guide = tuple(cfg.tasks), str(cfg.simplifications), selfguide.enabled(cfg)
     env = ScienceWorldEnv(tasks, int(cfg.num_workers), vocab=Vocabulary((), tasks), obs_length=int(cfg.obs_length),
                           action_length=int(cfg.action_length), max_turns=int(cfg.max_turns),
-                          simplifications=simplifications, describe_task=False)
+                          simplifications=simplifications, describe_task=False, self_guide=self_guide,
+                          self_rewards=selfguide.self_rewards(cfg))
     atexit.register(env.close)
     try:
         train, test = level_split(env.workers[0], tasks, str(cfg.level), tuple(cfg.get("held_out_tasks", ())),
@@ -104,12 +111,12 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
 
         env.vocab = SubwordTable(HFTokenizer.from_directory(tokenizer_dir), tasks)
     else:
-        env.vocab = Vocabulary(set().union(*(met for _, met in surveyed)), tasks)
+        env.vocab = Vocabulary(set().union(*(met for _, met in surveyed)), tasks, assessments=self_guide)
     descriptions = [description for description, _ in surveyed]
     length = int(cfg.description_length)
     domain = Domain(
         name="scienceworld",
-        primitives=registry.resolve("agent", AGENT_PRIMITIVES),
+        primitives=registry.resolve("agent", selfguide.primitive_names(AGENT_PRIMITIVES, cfg)),
         outcome_index=0,
         train=make_dataset(descriptions[:len(train["task"])], train, env.vocab, length),
         test=make_dataset(descriptions[len(train["task"]):], test, env.vocab, length),
@@ -136,7 +143,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
     env, context = domain.env, domain.train.context
     settings = dict(description_length=int(domain.info["description_length"]), obs_length=env.obs_length,
                     action_length=env.action_length, window=domain.history, max_turns=env.max_turns,
-                    simplifications=env.simplifications)
+                    simplifications=env.simplifications, self_guide=env.self_guide)
 
     def play(b: int) -> list[tuple[str, str]]:
         row = keep[b]
@@ -164,6 +171,7 @@ def validate_scienceworld_config(cfg: Any) -> None:
         raise ConfigError(f"config.domain.simplifications must be comma-separated names of {SIMPLIFICATIONS}, "
                           f"got {simplifications!r}")
     held_out_split(cfg, "domain.tasks", "domain.held_out_tasks", "tasks")
+    selfguide.validate_fields(cfg)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     try:
         require_engine()
@@ -176,6 +184,7 @@ def validate_scienceworld_config(cfg: Any) -> None:
         raise ConfigError(f"config.domain.tasks: unknown ScienceWorld tasks {unknown}; known: {', '.join(ID2TASK.values())}")
 
 
-@register_domain("scienceworld", primitive_names=lambda cfg: AGENT_PRIMITIVES, validate=validate_scienceworld_config)
+@register_domain("scienceworld", primitive_names=lambda cfg: selfguide.primitive_names(AGENT_PRIMITIVES, cfg.domain),
+                 validate=validate_scienceworld_config)
 def build_scienceworld_domain(cfg: Any) -> Domain:
     return make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg))

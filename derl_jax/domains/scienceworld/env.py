@@ -18,6 +18,11 @@ with `describe_task=False`, for prompts that carry the description). The vocabul
               completed with the full score), score f32[B] (the engine's score, 0..1),
               valid f32[B] (the action did something)
 
+Self-Guide (`self_guide=True`): every action starts with a self-assessment word
+(derl_jax/domains/selfguide.py), which the engine never sees; info adds assessment i32[B]
+(index into ASSESSMENTS, -1 when missing: the action is then malformed and not played) and
+self_reward f32[B] (its internal reward of `self_rewards`).
+
 Steps after `done` change nothing (zeros). The keys are accepted for the interface and not
 used: the engine's variation fixes the episode.
 """
@@ -30,6 +35,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from derl_jax.domains import selfguide
 from derl_jax.domains.scienceworld import tags as T
 from derl_jax.domains.scienceworld.engine import Worker, require_engine
 from derl_jax.domains.scienceworld.vocab import Vocabulary, build_vocabulary
@@ -56,9 +62,11 @@ class ScienceWorldEnv:
 
     def __init__(self, task_names: Sequence[str], num_workers: int, *, vocab: Vocabulary | None = None,
                  obs_length: int = 128, action_length: int = 16, max_turns: int = 30, simplifications: str = "easy",
-                 describe_task: bool = True):
+                 describe_task: bool = True, self_guide: bool = False,
+                 self_rewards: Sequence[float] = selfguide.DEFAULT_SELF_REWARDS):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.self_guide, self.self_rewards = bool(self_guide), selfguide.checked_rewards(self_rewards)
         require_engine()  # before any thread starts: one clear message when Java or the package is missing
         self.task_names = tuple(task_names)
         self.obs_length, self.action_length, self.max_turns = obs_length, action_length, max_turns
@@ -70,7 +78,7 @@ class ScienceWorldEnv:
             self.close()
             raise ValueError(f"unknown ScienceWorld tasks {unknown}; known: {', '.join(self.workers[0].task_names)}")
         self._idle: list[list[Worker]] = [[] for _ in self.workers]   # per JVM, games free for a new episode
-        self.vocab = vocab or build_vocabulary(self.workers[0], self.task_names, simplifications)
+        self.vocab = vocab or build_vocabulary(self.workers[0], self.task_names, simplifications, self.self_guide)
 
     def _map(self, fn, *columns):
         return list(self._pool.map(fn, *columns))
@@ -117,8 +125,9 @@ class ScienceWorldEnv:
         def advance(b: int):
             episode = states[b]
             if episode.done:
-                return np.full(self.obs_length, self.vocab.pad_id, np.int32), 0.0, 0.0, 0.0
-            tag, action = T.split_tag(self.vocab.decode(actions[b]))
+                return np.full(self.obs_length, self.vocab.pad_id, np.int32), 0.0, 0.0, 0.0, -1
+            assessment, text = selfguide.read_action(self.vocab.decode(actions[b]), self.self_guide)
+            tag, action = T.split_tag(text)
             observation, score, completed = episode.game.step(action) if action else ("No known action matches that input.",
                                                                                        episode.score, False)
             step_score = T.score_step(episode.tracker, tag, action, observation, score > episode.score)
@@ -128,8 +137,9 @@ class ScienceWorldEnv:
             if episode.done:
                 self._idle[episode.worker].append(episode.game)
             valid = float(not T.failed(observation))
-            return self.vocab.encode(observation, self.obs_length), reward, step_score, valid
+            return self.vocab.encode(observation, self.obs_length), reward, step_score, valid, assessment
 
+        live = np.array([not episode.done for episode in states])
         results = self.per_worker(advance, [episode.worker for episode in states])
         obs = np.stack([r[0] for r in results])
         info = {
@@ -138,6 +148,9 @@ class ScienceWorldEnv:
             "score": np.array([e.score for e in states], np.float32),
             "valid": np.array([r[3] for r in results], np.float32),
         }
+        if self.self_guide:
+            info["assessment"] = np.array([r[4] for r in results], np.int32)
+            info["self_reward"] = selfguide.self_reward(info["assessment"], self.self_rewards, live)
         return obs, list(states), np.array([r[1] for r in results], np.float32), np.array([e.done for e in states]), info
 
     def valid_actions(self, episode: Episode) -> list[str]:

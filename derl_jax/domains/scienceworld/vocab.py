@@ -3,9 +3,12 @@
 Ids 0..4 are the specials <pad>, <unk>, <bos>, <eos>, <obs>; the four meta-tags follow, then
 `BASE_WORDS` (the engine's fixed phrasing and action verbs), then the words of the engine's
 own vocabulary (`Worker.vocabulary()`: visible object names and action templates) and of every
-observation along the engine's gold path of variation 0 of each task, sorted. So the word list depends only on
-the engine's version and the task names, never on run order or machine. Text is lower-cased
-and split into words and punctuation; a word outside the list is <unk>.
+observation along the engine's gold path of variation 0 of each task, sorted, and last, with
+Self-Guide (`assessments=True`), the three self-assessment words (progress+ / progress= /
+progress-, derl_jax/domains/selfguide.py), so no other id moves. So the word list depends only
+on the engine's version, the task names and that option, never on run order or machine. Text
+is lower-cased and split into words and punctuation (an assessment word is one word); a word
+outside the list is <unk>.
 
 `Vocabulary` is also the domain's tokenizer (`vocab_size`, `encode_batch`, `decode_batch`):
 `decode` writes specials by name and `tokens` reads them back, so decoded text re-encodes to
@@ -20,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from derl_jax.domains.scienceworld.tags import TAGS
+from derl_jax.domains.selfguide import ASSESSMENT_PATTERN, ASSESSMENTS
 
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<obs>")
 BASE_WORDS = tuple(
@@ -28,7 +32,7 @@ BASE_WORDS = tuple(
     "around at pick up put down drop focus use activate deactivate connect disconnect eat flush mix pour "
     "read wait wait1 inventory close dunk into with from now not can't clear get substance called agent already "
     "air water first then take actions will cause state matter . , : ? ! ( ) ' - 0 1 2 3 4 5 6 7 8 9".split())
-_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+_TOKEN = re.compile(rf"{ASSESSMENT_PATTERN}|[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
 
 
 def words(text: str) -> list[str]:
@@ -39,10 +43,11 @@ def words(text: str) -> list[str]:
 class Vocabulary:
     """Word <-> id table; `encode` pads or cuts to a length, `decode` stops at padding."""
 
-    def __init__(self, extra_words: Iterable[str], task_names: Sequence[str]):
+    def __init__(self, extra_words: Iterable[str], task_names: Sequence[str], assessments: bool = False):
         listed = list(dict.fromkeys((*SPECIALS, *TAGS, *BASE_WORDS)))
-        known = set(listed)
+        known = set(listed) | set(ASSESSMENTS)
         listed += sorted({w for w in extra_words if w not in known})
+        listed += list(ASSESSMENTS) if assessments else []
         self.words = tuple(listed)
         self.ids = {w: i for i, w in enumerate(self.words)}
         self.task_names = tuple(task_names)
@@ -107,9 +112,11 @@ def pack_texts(texts: Sequence[str], tokens: Callable[[str], list[int]], length:
     return ids, mask
 
 
-def build_vocabulary(worker, task_names: Sequence[str], simplifications: str = "easy") -> Vocabulary:
+def build_vocabulary(worker, task_names: Sequence[str], simplifications: str = "easy",
+                     assessments: bool = False) -> Vocabulary:
     """The vocabulary of `task_names` from the engine: plays the gold path of variation 0 of each
-    task once and keeps the words it meets (words of other variations may be <unk>)."""
+    task once and keeps the words it meets (words of other variations may be <unk>); the
+    self-assessment words last with `assessments`."""
     extra: set[str] = set()
     for name in task_names:
         worker.load(name, 0, simplifications, gold_path=True)
@@ -119,4 +126,4 @@ def build_vocabulary(worker, task_names: Sequence[str], simplifications: str = "
                 extra.update(words(phrase))
             extra.update(words(action))
             extra.update(words(worker.step(action)[0]))
-    return Vocabulary(extra, task_names)
+    return Vocabulary(extra, task_names, assessments=assessments)
