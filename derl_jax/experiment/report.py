@@ -232,7 +232,7 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     if paired:
         lines += ["## Paired differences (same seeds, same base policy, same test items)", "",
                   "Method minus baseline in test accuracy points; the interval is a paired bootstrap over seeds and "
-                  "test items (rliable); \"separated\" only when it excludes 0.", "", stats.difference_table(paired)]
+                  "test items (two-way: seeds and items both resampled); \"separated\" only when it excludes 0.", "", stats.difference_table(paired)]
     lines += _iteration_difference_lines(payload.get("derl_minus_random_per_iteration"))
     lines += ["## Test accuracy of the policy retrained from scratch (every method)", "", retrained_md]
     lines += ["## Validation accuracy (search score; fixed baselines: one inner training)", "", val_md]
