@@ -145,11 +145,37 @@ AGG_MASK = jnp.array([[True, True, False], [True, False, False], [False, False, 
         ("token_mean", (1 + 2 + 4) / 3),
         ("seq_mean_token_mean", ((1 + 2) / 2 + 4) / 2),  # the empty third row is left out
         ("seq_mean_token_sum", ((1 + 2) + 4) / 2),
+        ("episode_mean", ((1 + 2) / 2 + 4) / 2),   # one row, one episode
     ],
 )
 def test_aggregate_modes(mode, expected):
     assert float(grpo.aggregate(AGG_VALUES, AGG_MASK, mode)) == pytest.approx(expected)
     assert float(grpo.aggregate(AGG_VALUES, jnp.zeros((3, 3), bool), mode)) == 0.0
+
+
+def test_episode_mean_weighs_every_episode_the_same_however_many_turns_it_took():
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=(4, 3, 5))            # 4 episodes x 3 turns x 5 action tokens
+    mask = rng.random((4, 3, 5)) < 0.6
+    mask[1] = False                                # an empty episode is left out
+    mask[2, 1:] = False                            # a short episode: one turn
+    per_episode = [values[n][mask[n]].mean() for n in range(4) if mask[n].any()]
+    want = float(np.mean(per_episode))
+    packed = grpo.aggregate(jnp.asarray(values, jnp.float32), jnp.asarray(mask), "episode_mean")
+    assert float(packed) == pytest.approx(want, rel=1e-5)
+    # one row per turn: each row carries its episode's token count, and the rows' shares add up
+    episode_tokens = jnp.repeat(jnp.asarray(mask.sum(axis=(1, 2)), jnp.float32), 3)
+    rows_mask = jnp.asarray(mask.reshape(12, 5))
+    weights, count = grpo.token_weights(rows_mask, "episode_mean", episode_tokens)
+    assert float(count) == pytest.approx(3.0)
+    row_value = grpo.weighted_sum(jnp.asarray(values.reshape(12, 5), jnp.float32), weights) / count
+    assert float(row_value) == pytest.approx(want, rel=1e-5)
+    # a half of the rows counts its share of each episode, so shards add up to the whole
+    halves = [grpo.token_weights(rows_mask[part], "episode_mean", episode_tokens[part])[1]
+              for part in (slice(0, 5), slice(5, 12))]
+    assert float(sum(halves)) == pytest.approx(3.0)
+    # token_mean instead weighs the long episodes more: the two differ here
+    assert abs(float(grpo.aggregate(jnp.asarray(values, jnp.float32), jnp.asarray(mask), "token_mean")) - want) > 1e-3
 
 
 def test_aggregate_rejects_unknown_mode():
@@ -226,7 +252,7 @@ def numpy_grpo_grad(w, batch, cfg):
     lengths = mask.sum(-1, keepdims=True)
     if cfg.loss_agg == "token_mean":
         weight = mask / mask.sum()
-    elif cfg.loss_agg == "seq_mean_token_mean":
+    elif cfg.loss_agg in ("seq_mean_token_mean", "episode_mean"):   # one sequence per episode here
         weight = mask / lengths / mask.shape[0]
     else:
         weight = mask / mask.shape[0]
@@ -366,7 +392,7 @@ def test_sum_over_shards_equals_the_leafwise_sum(bucket_bytes):
 
 
 @pytest.mark.parametrize("loss_agg, minibatches", [("token_mean", 1), ("seq_mean_token_mean", 2),
-                                                   ("seq_mean_token_sum", 1)])
+                                                   ("seq_mean_token_sum", 1), ("episode_mean", 2)])
 def test_an_update_split_into_row_shards_equals_the_whole_batch_update(loss_agg, minibatches):
     cfg = grpo.GRPOConfig(optimizer="adam", learning_rate=0.05, epochs=2, minibatches=minibatches, kl_coef=0.1,
                           loss_agg=loss_agg, max_grad_norm=0.5)

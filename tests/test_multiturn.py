@@ -357,7 +357,7 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
         assert int(np.asarray(rows["stream_valid"][n]).sum()) == len(kept)
 
 
-@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "episode_mean"])
 def test_the_packed_update_trains_like_one_row_per_turn(loss_agg):
     """GRPO's loss, metrics and gradient through one teacher-forced pass per episode equal those
     through one row per turn (the stream up to the turn as its prompt), and the recomputed
@@ -370,17 +370,21 @@ def test_the_packed_update_trains_like_one_row_per_turn(loss_agg):
                                         for n in range(count) for t in range(turns)], domain.prompt_length)
     rows = {"prompts": prompts, "prompt_mask": prompt_mask, "advantages": jnp.repeat(advantages, turns),
             **{k: packed[k].reshape(count * turns, length) for k in ("completions", "mask", "old_logp")}}
+    if loss_agg == "episode_mean":   # the rows of one episode share its token count
+        rows["episode_tokens"] = jnp.repeat(jnp.sum(packed["mask"], axis=(1, 2)).astype(jnp.float32), turns)
     run = rollout_lib.device_rollout(domain, graphdef, CFG)
     assert run.rows_per_episode == 1
     logp, _ = run.logprobs(params, packed, 1.0)
     taken = np.asarray(packed["mask"])
     np.testing.assert_allclose(np.asarray(logp)[taken], np.asarray(packed["old_logp"])[taken], rtol=1e-5, atol=1e-5)
     cfg = GRPOConfig(loss_agg=loss_agg, kl_coef=0.0)
-    loss = jax.value_and_grad(grpo_loss, has_aux=True)
-    (packed_loss, packed_metrics), packed_grads = loss(params, dict(packed, advantages=advantages),
-                                                       lambda p, b: run.logprobs(p, b, 1.0), cfg)
-    (row_loss, row_metrics), row_grads = loss(params, rows, lambda p, b: rollout_lib.row_logprobs(graphdef)(p, b, 1.0),
-                                              cfg)
+
+    def loss(logprobs):
+        return jax.jit(jax.value_and_grad(lambda p, b: grpo_loss(p, b, lambda q, c: logprobs(q, c, 1.0), cfg),
+                                          has_aux=True))
+
+    (packed_loss, packed_metrics), packed_grads = loss(run.logprobs)(params, dict(packed, advantages=advantages))
+    (row_loss, row_metrics), row_grads = loss(rollout_lib.row_logprobs(graphdef))(params, rows)
     assert abs(float(row_loss)) > 1e-4
     np.testing.assert_allclose(packed_loss, row_loss, rtol=1e-5, atol=1e-7)
     for name in row_metrics:
@@ -406,6 +410,31 @@ def test_full_history_training_over_a_data_axis_equals_one_device():
     again_params, again = jax.jit(make_inner_loop(domain, graphdef, cfg).train)(params, program, key, domain.train)
     for name in want:   # same config and seed: the same run
         np.testing.assert_array_equal(again[name], want[name])
+
+
+@pytest.mark.slow
+def test_one_weight_per_episode_on_turn_rows_over_a_data_axis_equals_one_device():
+    """loss_agg "episode_mean" with a window (one update row per turn): every row carries its
+    episode's token count, rows cut over 4 devices train as on one, and the weights are used
+    (the run differs from token_mean's and from one weight per turn row's)."""
+    domain = counter_domain(2)
+    graphdef, params = tiny_policy(domain)
+    program = compile_expr(parse("g1 + 0.5*g2", list(domain.primitive_names)))
+    key = jax.random.key(7)
+
+    def train(loss_agg, mesh=None):
+        cfg = CFG.replace(steps=2, grpo=dataclasses.replace(CFG.grpo, loss_agg=loss_agg))
+        return jax.jit(make_inner_loop(domain, graphdef, cfg, mesh).train)(params, program, key, domain.train)
+
+    want_params, want = train("episode_mean")
+    got_params, got = train("episode_mean", make_mesh(1, 4, 1, devices=jax.devices()[:4]))
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    for a, b in zip(jax.tree_util.tree_leaves(got_params), jax.tree_util.tree_leaves(want_params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    for other in ("token_mean", "seq_mean_token_mean"):   # each turn row as its own episode: different weights
+        _, metrics = train(other)
+        assert abs(float(metrics["loss"][0]) - float(want["loss"][0])) > 1e-6, other
 
 
 def test_grpo_with_the_whole_history_raises_the_success_rate():

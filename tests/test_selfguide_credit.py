@@ -79,6 +79,8 @@ def test_one_advantage_per_turn_is_the_same_loss_as_turns_as_rows():
         cfg = grpo.GRPOConfig(loss_agg=agg, clip_low=0.1, clip_high=0.1)
         nested = {"x": x, "mask": mask, "old_logp": old_logp, "advantages": advantages}
         flat = {name: value.reshape(n * s, *value.shape[2:]) for name, value in nested.items()}
+        if agg == "episode_mean":   # turn rows carry their episode's tokens
+            flat["episode_tokens"] = jnp.repeat(jnp.sum(mask, axis=(1, 2)).astype(jnp.float32), s)
         (loss, metrics), grads = jax.value_and_grad(grpo.grpo_loss, has_aux=True)(params, nested, logprob_fn, cfg)
         (flat_loss, flat_metrics), flat_grads = jax.value_and_grad(grpo.grpo_loss, has_aux=True)(params, flat,
                                                                                                    logprob_fn, cfg)

@@ -179,8 +179,8 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
         logp, entropy = logp.reshape(mask.shape), entropy.reshape(mask.shape)
         return jnp.sum(weights * logp), (logp, entropy)
 
-    (_, got), got_grads = jax.value_and_grad(packed, has_aux=True)(params)
-    (_, want), want_grads = jax.value_and_grad(per_turn, has_aux=True)(params)
+    (_, got), got_grads = jax.jit(jax.value_and_grad(packed, has_aux=True))(params)
+    (_, want), want_grads = jax.jit(jax.value_and_grad(per_turn, has_aux=True))(params)
     assert np.asarray(mask).any(axis=-1).sum() > batch   # several turns of every kind are scored
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

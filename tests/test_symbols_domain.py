@@ -287,6 +287,7 @@ def test_dense_reward_beats_the_decoy_and_a_seed_repeats_its_run(tmp_path):
         np.testing.assert_array_equal(values, curves["g2"][name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_the_launcher_runs_the_smoke_compare_end_to_end(tmp_path):
     workdir = tmp_path / "run"
     completed = subprocess.run(

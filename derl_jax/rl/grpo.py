@@ -42,7 +42,7 @@ import optax
 from derl_jax.config import field_error
 
 KL_KINDS = ("k1", "k2", "k3")
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "episode_mean")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
 # k3 exponentiates the log-ratio; beyond |20| exp() over/underflows float32 gradients.
@@ -216,23 +216,36 @@ def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.A
     raise ValueError(f"kl_estimate: kind must be one of {KL_KINDS}, got {kind!r}")
 
 
-def token_weights(mask: jax.Array, mode: str = "token_mean") -> tuple[jax.Array, jax.Array]:
-    """(weights f32[N, T], 0 off the mask; count f32[]) with
+def token_weights(mask: jax.Array, mode: str = "token_mean",
+                  episode_tokens: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """(weights f32[N, ..., T], 0 off the mask; count f32[]) with
     aggregate(x, mask, mode) = sum(weights * x) / max(count, 1):
 
-    token_mean:          weight 1,                               count: valid tokens
+    token_mean:          weight 1,                                 count: valid tokens
     seq_mean_token_mean: weight 1 / (the sequence's valid tokens), count: non-empty sequences
-    seq_mean_token_sum:  weight 1,                               count: non-empty sequences
+    seq_mean_token_sum:  weight 1,                                 count: non-empty sequences
+    episode_mean:        weight 1 / (the episode's valid tokens),  count: non-empty episodes
 
-    Weights are per row and the count is a sum over rows, so for a batch cut into row shards
-    the shards' weighted sums and counts add up to the batch's.
+    A sequence is a row of the last axis. An episode is a row of the leading axis N, unless
+    `episode_tokens` f32[N] gives each row its whole episode's valid tokens (an episode cut into
+    several rows, e.g. one per turn): each episode then weighs the same however many turns and
+    tokens it took. Weights are per row and the count is a sum over rows (episode_mean counts
+    each row's share of its episode), so for a batch cut into row shards the shards' weighted
+    sums and counts add up to the batch's.
     """
     mask = jnp.asarray(mask, bool)
     _check_rows(mask)
-    tokens_per_seq = jnp.sum(mask, axis=-1, keepdims=True)
     if mode == "token_mean":
-        weight, count = 1.0, jnp.sum(tokens_per_seq)
-    elif mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        weights = jnp.where(mask, 1.0, 0.0)
+        return weights.astype(jnp.float32), jnp.sum(weights).astype(jnp.float32)
+    if mode == "episode_mean":
+        if episode_tokens is None:
+            episode_tokens = jnp.sum(mask, axis=tuple(range(1, mask.ndim)))
+        per_row = jnp.reshape(jnp.asarray(episode_tokens, jnp.float32), (-1,) + (1,) * (mask.ndim - 1))
+        weights = jnp.where(mask, 1.0 / jnp.maximum(per_row, 1.0), 0.0).astype(jnp.float32)
+        return weights, jnp.sum(weights)
+    tokens_per_seq = jnp.sum(mask, axis=-1, keepdims=True)
+    if mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
         count = jnp.sum(tokens_per_seq > 0)
         weight = 1.0 / jnp.maximum(tokens_per_seq, 1) if mode == "seq_mean_token_mean" else 1.0
     else:
@@ -253,6 +266,8 @@ def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean") -
     token_mean:          sum of valid values / number of valid tokens
     seq_mean_token_mean: per sequence the mean over its tokens, then the mean over sequences
     seq_mean_token_sum:  per sequence the sum over its tokens, then the mean over sequences
+    episode_mean:        per row of N (an episode) the mean over all its tokens, then the mean
+                         over episodes
     Sequences without valid tokens are left out of the mean over sequences; with no valid
     token at all the result is 0.
     """
@@ -382,7 +397,7 @@ def grpo_loss_sums(
     _check_rows(mask)
     _check_advantages(batch["advantages"], mask.shape)
     chex.assert_shape(batch["old_logp"], mask.shape)
-    loss_weights, loss_count = token_weights(mask, cfg.loss_agg)
+    loss_weights, loss_count = token_weights(mask, cfg.loss_agg, batch.get("episode_tokens"))
     weights, count = token_weights(mask, "token_mean")
     logp, entropy = logprob_fn(params, batch)
     chex.assert_shape([logp, entropy], mask.shape)
@@ -422,7 +437,9 @@ def grpo_loss(
 
     batch: old_logp f32[N, T], advantages f32[N] (or per sequence, f32[N, S] for [N, S, T] rows),
       mask bool[N, T], ref_logp f32[N, T]
-      (may be absent when cfg.kl_coef == 0), plus whatever `logprob_fn` reads.
+      (may be absent when cfg.kl_coef == 0), optionally episode_tokens f32[N] (`token_weights`:
+      for loss_agg "episode_mean" when an episode spans several rows), plus whatever
+      `logprob_fn` reads.
     logprob_fn(params, batch) -> (logp f32[N, T] of the sampled tokens, entropy f32[N, T]).
     Returns (loss f32[], metrics) where loss = aggregate(pg + kl_coef * kl, mask, cfg.loss_agg)
     and metrics loss, pg_loss, kl, entropy, clip_fraction (pg_loss/kl/entropy are means over

@@ -240,6 +240,10 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
                                              normalize_std=cfg.grpo.normalize_std)
                 advantages = advantages if domain.history == FULL_HISTORY else advantages.reshape(-1)
             update_batch = dict(update_batch, advantages=advantages)
+            if cfg.grpo.loss_agg == "episode_mean" and rollout.rows_per_episode > 1:   # rows are turns
+                mask = update_batch["mask"]   # bool[N * S, A], episode-major
+                per_episode = jnp.sum(mask.reshape(-1, rollout.rows_per_episode, mask.shape[-1]), axis=(1, 2))
+                update_batch["episode_tokens"] = jnp.repeat(per_episode.astype(jnp.float32), rollout.rows_per_episode)
             if cfg.top_k != 0:  # the top-k filtered sampling distribution is not the one the update differentiates
                 update_batch["old_logp"] = completion_logprobs(params, update_batch, rollout.prefill_group)[0]
             if cfg.uses_reference:
