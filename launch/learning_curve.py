@@ -5,7 +5,8 @@
 
 Config overrides work as in launch/run.py (`--config.inner.loss_agg=seq_mean_token_mean`).
 Finished points are kept in --workdir and skipped when the command is run again
-(derl_jax/experiment/curve.py); curve.json and curve.png are written at the end.
+(derl_jax/experiment/curve.py); curve.json, curve.png and run_info.json (the command, commit,
+machine and wall time) are written at the end.
 """
 
 from __future__ import annotations
@@ -24,18 +25,24 @@ _LABEL = flags.DEFINE_string("label", None, "The curve's name in the plot (defau
 
 
 def main(argv: list[str]) -> None:
+    import time
+
     from derl_jax.config import InputError
     from derl_jax.experiment.checks import validate_config
     from derl_jax.experiment.curve import learning_curve
+    from derl_jax.experiment.runtime import record_run, run_info
 
     if len(argv) > 1 or _CONFIG.value is None or not _WORKDIR.value:
         sys.exit(f"{argv[0]}: error: needs --config and --workdir (and no positional arguments)")
     try:
         steps, seeds = [int(v) for v in _STEPS.value], [int(v) for v in _SEEDS.value]
         validate_config(_CONFIG.value)
+        started, info = time.monotonic(), run_info(" ".join(["python", "launch/learning_curve.py", *sys.argv[1:]]),
+                                                   "curve")
         curve = learning_curve(_CONFIG.value, _WORKDIR.value, _EXPRESSION.value, steps, seeds, label=_LABEL.value)
     except (InputError, ValueError) as err:
         sys.exit(f"{argv[0]}: error: {str(err).splitlines()[0]}")
+    record_run(_WORKDIR.value, info, started)
     for count, mean, low, high in zip(curve["steps"], curve["mean"], curve["ci95_low"], curve["ci95_high"]):
         print(f"steps {count:4d}: test {100 * mean:6.2f}% [{100 * low:6.2f}, {100 * high:6.2f}]")
 

@@ -2,6 +2,8 @@
 
     python launch/results_pages.py                                             # every page
     python launch/results_pages.py --collect=runs/arith --name=arith_default   # keep a finished compare first
+    python launch/results_pages.py --collect=runs/curves --name=my_curves --first=token_mean
+                                   # keep a folder of learning curves (one subfolder per curve)
 
 A page holds `<!-- generated: <name> -->` ... `<!-- end generated -->` blocks; each is rewritten
 from the kept run `<name>` (derl_jax/experiment/pages.py).
@@ -18,6 +20,8 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 _COLLECT = flags.DEFINE_string("collect", None, "A finished compare's workdir to keep under docs/results/runs/.")
 _NAME = flags.DEFINE_string("name", None, "The kept run's name (with --collect).")
+_FIRST = flags.DEFINE_string("first", None, "With --collect of a folder of learning curves: the curve the others "
+                             "are compared against (default: the first by name).")
 _RESULTS = flags.DEFINE_string("results_dir", RESULTS_DIR, "The results pages' folder.")
 
 
@@ -30,7 +34,8 @@ def main(argv: list[str]) -> None:
         if not _NAME.value:
             sys.exit(f"{argv[0]}: error: --collect needs --name")
         try:
-            print("kept", pages.collect(_COLLECT.value, os.path.join(_RESULTS.value, pages.RUNS_DIR), _NAME.value))
+            print("kept", pages.collect(_COLLECT.value, os.path.join(_RESULTS.value, pages.RUNS_DIR), _NAME.value,
+                                        _FIRST.value))
         except (OSError, ValueError) as err:
             sys.exit(f"{argv[0]}: error: {err}")
     for page in pages.regenerate_all(_RESULTS.value):

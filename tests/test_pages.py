@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from derl_jax.experiment import pages
+from derl_jax.checkpoint import atomic_write_json
+from derl_jax.experiment import curve, pages, stats
 from derl_jax.experiment.report import write_report
 from test_claims import compare  # noqa: F401  (the fixture: a compare with a known 20-point gap)
 
@@ -90,3 +92,51 @@ def test_the_repository_pages_are_up_to_date():
             for match in pages.BLOCK.finditer(text):
                 assert match.group(0) == match.group(1) + pages.render(runs_root, match.group(2), results_dir) + \
                     match.group(3), f"docs/results/{name}: block {match.group(2)} is stale; run launch/results_pages.py"
+
+
+def write_curve(workdir, label, items_by_step):
+    """A finished learning curve from per-item scores {steps: f[seeds, items]} (seeds 0, 1, ...)."""
+    seeds = list(range(len(next(iter(items_by_step.values())))))
+    for count, items in items_by_step.items():
+        for seed in seeds:
+            atomic_write_json(curve.point_path(str(workdir), count, seed),
+                              {"steps": count, "seed": seed, "test": float(np.mean(items[seed])),
+                               "test_items": [float(v) for v in items[seed]]})
+    return curve.summarize_curve(str(workdir), "g1", sorted(items_by_step), seeds, label=label)
+
+
+def test_a_set_of_learning_curves_renders_its_means_and_paired_differences(tmp_path):
+    rng = np.random.default_rng(0)
+    base = (rng.random((1, 200)) < 0.3).astype(float).repeat(3, axis=0)
+    trained = (rng.random((3, 200)) < 0.4).astype(float)
+    better = trained.copy()
+    for seed in range(3):   # 20 failures of each seed turned into successes: +10 points, item by item
+        better[seed, np.flatnonzero(better[seed] == 0)[:20]] = 1.0
+    runs = tmp_path / "curves"
+    write_curve(runs / "plain", "plain", {0: base, 10: trained})
+    write_curve(runs / "better", "better", {0: base, 10: better})
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "page.md").write_text("# Curves\n\n<!-- generated: unit_curves -->\n<!-- end generated -->\n")
+    kept = pages.collect(str(runs), str(results / "runs"), "unit_curves", first="plain")
+    assert json.load(open(os.path.join(kept, "curves.json"))) == {"curves": ["plain", "better"]}
+    assert os.path.isfile(os.path.join(kept, "curves.png")) and os.path.isfile(os.path.join(kept, "plain", "curve.json"))
+    assert pages.regenerate_all(str(results)) == [str(results / "page.md")]
+    text = (results / "page.md").read_text()
+    assert "| inner steps | plain | better |" in text
+    low, high = stats.summarize(100 * trained.mean(axis=1))["ci95_low"], stats.summarize(100 * trained.mean(axis=1))["ci95_high"]
+    assert f"| 10 | {100 * trained.mean():.2f} [{low:.2f}, {high:.2f}] |" in text
+    assert "| better @ 10 | plain @ 10 | +10.0 |" in text and "separated" in text
+    assert "@ 0 |" not in text   # the base policy is not compared with itself
+    assert "![curves](runs/unit_curves/curves.png)" in text
+    assert pages.regenerate_all(str(results)) == []
+    with pytest.raises(ValueError, match="'nope' is not one of the curves"):
+        pages.collect(str(runs), str(results / "runs"), "other", first="nope")
+
+
+def test_curves_of_different_seeds_are_not_compared(tmp_path):
+    items = np.ones((2, 10))
+    a = write_curve(tmp_path / "a", "a", {5: items})
+    b = write_curve(tmp_path / "b", "b", {5: np.ones((3, 10))})
+    with pytest.raises(ValueError, match="the same seeds"):
+        curve.compare_curves([a, b])

@@ -6,7 +6,10 @@
 A kept run is a folder `docs/results/runs/<name>/` holding the run's `results.json`,
 `run_info.json` (the command, commit, date, machine and wall time, written by
 `derl_jax.experiment.run.launch`), `results_levels.json` when the compare ran several levels,
-and its plots. A page marks where a run's tables go:
+and its plots. A kept set of learning curves (launch/learning_curve.py, one subfolder per
+curve with its `curve.json` and `run_info.json`) renders as one table, the paired differences
+of each curve against the first (`curve.compare_curves`) and one figure of all of them; the
+order is `curves.json`'s, written by `collect` (`first`: the curve to put first). A page marks where a run's tables go:
 
     <!-- generated: arith_default -->
     ...            (replaced by `render(<name>)` each time the pages are regenerated)
@@ -24,21 +27,32 @@ import re
 import shutil
 from typing import Any, Mapping
 
+import numpy as np
+
 from derl_jax.checkpoint import atomic_write_text
-from derl_jax.experiment import claims, stats
+from derl_jax.experiment import claims, curve, plots, stats
+from derl_jax.experiment.curve import CURVE_JSON
 from derl_jax.experiment.report import RESULTS_JSON
 from derl_jax.experiment.runtime import RUN_INFO_FILE
 
 RUNS_DIR = "runs"
 LEVELS_JSON = "results_levels.json"
+CURVE_SET_JSON = "curves.json"
+CURVE_SET_PLOT = "curves.png"
 BLOCK = re.compile(r"(<!-- generated: ([\w.-]+) -->\n).*?(<!-- end generated -->)", re.S)
 
 
-def collect(run_dir: str, runs_root: str, name: str) -> str:
+def collect(run_dir: str, runs_root: str, name: str, first: str | None = None) -> str:
     """Copy a finished compare's results.json, run_info.json, results_levels.json and plots into
-    `<runs_root>/<name>/` (a level's subfolder too, for a compare over levels); returns that folder."""
+    `<runs_root>/<name>/` (a level's subfolder too, for a compare over levels); returns that folder.
+    A folder of learning curves (subfolders with curve.json) is kept curve by curve, with
+    `curves.json` (their order: `first`, then the others by name) and `curves.png`."""
     if not re.fullmatch(r"[\w.-]+", name):
         raise ValueError(f"collect: a kept run's name is letters, digits, '_', '.', '-'; got {name!r}")
+    curves = sorted(os.path.basename(d) for d in glob.glob(os.path.join(run_dir, "*"))
+                    if os.path.isfile(os.path.join(d, CURVE_JSON)))
+    if curves and not os.path.isfile(os.path.join(run_dir, RESULTS_JSON)):
+        return _collect_curves(run_dir, os.path.join(runs_root, name), curves, first)
     sources = [run_dir] + sorted(d for d in glob.glob(os.path.join(run_dir, "*"))
                                  if os.path.isfile(os.path.join(d, RESULTS_JSON)))
     if not any(os.path.isfile(os.path.join(d, RESULTS_JSON)) for d in sources):
@@ -50,6 +64,25 @@ def collect(run_dir: str, runs_root: str, name: str) -> str:
         for pattern in (RESULTS_JSON, RUN_INFO_FILE, LEVELS_JSON, "*.png"):
             for path in glob.glob(os.path.join(source, pattern)):
                 shutil.copy2(path, os.path.join(target, os.path.basename(path)))
+    return dest
+
+
+def _collect_curves(run_dir: str, dest: str, curves: list[str], first: str | None) -> str:
+    if first is not None:
+        if first not in curves:
+            raise ValueError(f"collect: --first={first!r} is not one of the curves in {run_dir}: {curves}")
+        curves = [first] + [c for c in curves if c != first]
+    payloads = []
+    for label in curves:
+        os.makedirs(os.path.join(dest, label), exist_ok=True)
+        for file in (CURVE_JSON, RUN_INFO_FILE):
+            if os.path.isfile(os.path.join(run_dir, label, file)):
+                shutil.copy2(os.path.join(run_dir, label, file), os.path.join(dest, label, file))
+        payloads.append(_load(os.path.join(dest, label, CURVE_JSON)))
+    atomic_write_text(os.path.join(dest, CURVE_SET_JSON), json.dumps({"curves": curves}, indent=2) + "\n")
+    plots.plot_outer_curves({label: np.asarray(p["test"], np.float64).T for label, p in zip(curves, payloads)},
+                            os.path.join(dest, CURVE_SET_PLOT), x=payloads[0]["steps"],
+                            xlabel="inner GRPO steps", ylabel="greedy test success")
     return dest
 
 
@@ -93,11 +126,46 @@ def render_compare(folder: str, link_prefix: str, title: str | None = None) -> l
     return lines
 
 
+def render_curves(folder: str, link_prefix: str) -> list[str]:
+    """A kept set of learning curves: provenance of each, the table of means, the paired
+    differences against the first curve, the figure."""
+    order = _load(os.path.join(folder, CURVE_SET_JSON))["curves"]
+    payloads = [_load(os.path.join(folder, label, CURVE_JSON)) for label in order]
+    lines = []
+    for label, payload in zip(order, payloads):
+        info = _load(os.path.join(folder, label, RUN_INFO_FILE))
+        lines += [f"`{label}`:", ""] + provenance_lines(info, payload["seeds"])
+    steps = payloads[0]["steps"]
+    items = len(payloads[0]["test_items"][0][0]) if payloads[0].get("test_items") else None
+    lines += [f"Greedy test success (%){f' on {items} test items' if items else ''} after each number of inner "
+              f"steps, mean [95% t-interval] over seeds {', '.join(map(str, payloads[0]['seeds']))}:", "",
+              "| inner steps | " + " | ".join(order) + " |", "|---:|" + "---|" * len(order)]
+    for row, count in enumerate(steps):
+        cells = []
+        for payload in payloads:
+            at = payload["steps"].index(count) if count in payload["steps"] else None
+            cells.append("" if at is None else f"{100 * payload['mean'][at]:.2f} "
+                         f"[{100 * payload['ci95_low'][at]:.2f}, {100 * payload['ci95_high'][at]:.2f}]")
+        lines.append(f"| {count} | " + " | ".join(cells) + " |")
+    lines.append("")
+    differences = curve.compare_curves(payloads) if all(p.get("test_items") for p in payloads) else []
+    if differences:
+        lines += [f"Paired differences against `{order[0]}` (same seeds, base policy and test items; bootstrap "
+                  "over seeds and items):", "",
+                  stats.difference_table([(f"{d['label']} @ {d['steps']}", f"{d['baseline']} @ {d['steps']}", d)
+                                          for d in differences])]
+    lines += [f"![curves]({link_prefix}/{CURVE_SET_PLOT})", ""]
+    return lines
+
+
 def render(runs_root: str, name: str, page_dir: str) -> str:
-    """The generated block of kept run `name`: provenance, then each compare's tables."""
+    """The generated block of kept run `name`: provenance, then each compare's tables (or the
+    curves of a kept set of learning curves)."""
     folder = os.path.join(runs_root, name)
-    info = _load(os.path.join(folder, RUN_INFO_FILE))
     link = os.path.relpath(folder, page_dir)
+    if os.path.isfile(os.path.join(folder, CURVE_SET_JSON)):
+        return "\n".join(render_curves(folder, link)).rstrip() + "\n"
+    info = _load(os.path.join(folder, RUN_INFO_FILE))
     levels = _load(os.path.join(folder, LEVELS_JSON))
     compares = [(level, os.path.join(folder, level)) for level in levels["levels"]] if levels else [(None, folder)]
     seeds = sorted({row["seed"] for _, f in compares for rows in _load(os.path.join(f, RESULTS_JSON))["per_seed"].values()
