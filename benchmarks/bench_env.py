@@ -291,10 +291,7 @@ def main(argv=None) -> dict:
               **{k: str(v) for k, v in settings.items()}}
     result = report("bench_env", rows, config=config, summary=summary,
                     columns=["engine", "episodes", "steps", "compile_s", "run_s", "run_s_min", "run_s_max", "steps_per_s",
-                             "episodes_per_s", "status"])
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1, sort_keys=True)
+                             "episodes_per_s", "status"], out=args.out)
     return result
 
 

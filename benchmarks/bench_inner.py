@@ -37,7 +37,6 @@ host drifts over a run, and bracketing the reference cancels a drift that is lin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import resource
@@ -395,10 +394,7 @@ def main(argv=None) -> dict:
               "candidates": args.candidates, "chunk_size": args.chunk, "trials": args.trials}
     columns = ["trial"] * (args.trials > 1) + ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
                "tokens_per_s", "exec_mib", "speedup_vs_loop"] + ["step_ms_after_trl", "step_ms_bracketed"] * (not args.no_trl)
-    result = report("inner_loop", rows, config=config, summary=summary, columns=columns)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1, sort_keys=True)
+    result = report("inner_loop", rows, config=config, summary=summary, columns=columns, out=args.out)
     return result
 
 

@@ -80,11 +80,16 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = Non
 
 
 def report(name: str, rows: Sequence[Mapping[str, Any]], *, config: Mapping[str, Any] | None = None,
-           summary: Mapping[str, Any] | None = None, columns: Sequence[str] | None = None) -> dict:
-    """Print one JSON line (prefixed `RESULT `) and the aligned table; return the JSON object."""
+           summary: Mapping[str, Any] | None = None, columns: Sequence[str] | None = None,
+           out: str | None = None) -> dict:
+    """Print one JSON line (prefixed `RESULT `) and the aligned table (and write the JSON object
+    to `out` when given); return the JSON object."""
     result = {"benchmark": name, "config": dict(config or {}), "machine": machine(), "rows": [dict(r) for r in rows]}
     if summary:
         result["summary"] = dict(summary)
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1, sort_keys=True)
     print("RESULT " + json.dumps(result, sort_keys=True))
     print()
     print(f"== {name} ==")

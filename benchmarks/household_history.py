@@ -18,7 +18,6 @@ setting's mean over the seeds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -124,10 +123,8 @@ def main(argv=None) -> dict:
             mine = [r for r in rows if r["setting"] == label and r["level"] == level]
             for name in ("validation_success", "test_success", "test_turns", "test_revisit_rate"):
                 summary[f"{label} / {level} / {name}"] = round(statistics.mean(r[name] for r in mine), 4)
-    result = report("household_history", rows, config={"levels": args.levels, "seeds": args.seeds}, summary=summary)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1, sort_keys=True)
+    result = report("household_history", rows, config={"levels": args.levels, "seeds": args.seeds},
+                    summary=summary, out=args.out)
     return result
 
 
