@@ -393,6 +393,7 @@ def test_the_packed_update_trains_like_one_row_per_turn(loss_agg):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_full_history_training_over_a_data_axis_equals_one_device():
     domain = counter_domain("full")
     graphdef, params = tiny_policy(domain)

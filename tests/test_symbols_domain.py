@@ -265,6 +265,7 @@ def ordering_config() -> ml_collections.ConfigDict:
     return cfg
 
 
+@pytest.mark.slow
 def test_dense_reward_beats_the_decoy_and_a_seed_repeats_its_run(tmp_path):
     cfg = ordering_config()
     domain = get_domain("symbols").build(cfg)
