@@ -38,7 +38,11 @@ def main(argv: list[str]) -> None:
                                         _FIRST.value))
         except (OSError, ValueError) as err:
             sys.exit(f"{argv[0]}: error: {err}")
-    for page in pages.regenerate_all(_RESULTS.value):
+    try:
+        changed = pages.regenerate_all(_RESULTS.value)
+    except (OSError, ValueError) as err:
+        sys.exit(f"{argv[0]}: error: {err}")
+    for page in changed:
         print("regenerated", page)
 
 

@@ -140,3 +140,15 @@ def test_curves_of_different_seeds_are_not_compared(tmp_path):
     b = write_curve(tmp_path / "b", "b", {5: np.ones((3, 10))})
     with pytest.raises(ValueError, match="the same seeds"):
         curve.compare_curves([a, b])
+
+
+def test_a_page_naming_a_run_that_is_not_kept_gets_one_line(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "page.md").write_text("<!-- generated: missing_run -->\n<!-- end generated -->\n")
+    with pytest.raises(FileNotFoundError, match="page.md: no kept run 'missing_run'"):
+        pages.regenerate_all(str(results))
+    completed = subprocess.run([sys.executable, "launch/results_pages.py", f"--results_dir={results}"],
+                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr
+    assert completed.stderr.strip().splitlines()[-1].endswith("--name=missing_run")

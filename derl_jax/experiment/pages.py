@@ -162,6 +162,9 @@ def render(runs_root: str, name: str, page_dir: str) -> str:
     """The generated block of kept run `name`: provenance, then each compare's tables (or the
     curves of a kept set of learning curves)."""
     folder = os.path.join(runs_root, name)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"no kept run {name!r} in {runs_root}: keep it first with "
+                                f"launch/results_pages.py --collect=<workdir> --name={name}")
     link = os.path.relpath(folder, page_dir)
     if os.path.isfile(os.path.join(folder, CURVE_SET_JSON)):
         return "\n".join(render_curves(folder, link)).rstrip() + "\n"
@@ -182,7 +185,10 @@ def regenerate(page: str, runs_root: str) -> bool:
     with open(page, encoding="utf-8") as handle:
         text = handle.read()
     page_dir = os.path.dirname(os.path.abspath(page))
-    new = BLOCK.sub(lambda m: m.group(1) + render(runs_root, m.group(2), page_dir) + m.group(3), text)
+    try:
+        new = BLOCK.sub(lambda m: m.group(1) + render(runs_root, m.group(2), page_dir) + m.group(3), text)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{page}: {err}") from err
     if new != text:
         atomic_write_text(page, new)
     return new != text
