@@ -44,7 +44,7 @@ from derl_jax.expr import compile_expr, parse
 from derl_jax.models import transformer as tr
 from derl_jax.parallel import make_mesh
 from derl_jax.rl.grpo import GRPOConfig
-from derl_jax.rl.host_loop import PolicyFunctions
+from derl_jax.rl.host_policy import PolicyFunctions
 from derl_jax.rl.placement import candidate_slices
 
 SHAPES = {"0.5b": tr.qwen2_5_0_5b, "1.5b": tr.qwen2_5_1_5b, "3b": tr.qwen2_5_3b}

@@ -21,7 +21,7 @@ from derl_jax.config import ConfigError
 from derl_jax.expr import compile_expr, parse, stack_programs
 from derl_jax.expr.vm import evaluate_numpy
 from derl_jax.experiment.checks import validate_config
-from derl_jax.rl import dapo, host_batches, host_loop
+from derl_jax.rl import dapo, host_batches, host_loop, host_policy
 from derl_jax.parallel import make_mesh
 from derl_jax.rl.config import InnerConfig, check_rollout_kind, inner_config, metric_names
 from derl_jax.rl.device_evaluator import DeviceEvaluator
@@ -343,7 +343,7 @@ def test_the_host_update_trains_on_the_selected_groups_with_the_penalty(run):  #
     plain = evaluator.slices[0]
     inner = evaluator.config
     assert inner.algorithm == "grpo" and not inner.dynamic_sampling
-    fns = host_loop.shared_policy_functions(
+    fns = host_policy.shared_policy_functions(
         evaluator.graphdef, plain.mesh, max_new_tokens=inner.max_new_tokens, temperature=inner.temperature,
         top_k=inner.top_k, grpo=inner.grpo, eos_id=domain.eos_id, pad_id=domain.pad_id, stop_ids=domain.stop_ids,
         dynamic_oversample=2, overlong_buffer=4)

@@ -27,7 +27,7 @@ from derl_jax.experiment import protocol
 from derl_jax.experiment.checks import validate_config
 from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir, math_prompt
 from derl_jax.parallel import make_mesh
-from derl_jax.rl import host_batches, host_loop, placement, rollout, setup
+from derl_jax.rl import host_batches, host_policy, placement, rollout, setup
 from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.grpo import GRPOConfig
 from primitives.math import correct
@@ -378,7 +378,7 @@ def test_sharded_step_equals_unsharded(run):
     cfg, (domain, base_params, evaluator) = run
     single = evaluator.slices[0]
     inner = evaluator.config
-    sharded = host_loop.shared_policy_functions(
+    sharded = host_policy.shared_policy_functions(
         evaluator.graphdef, placement.candidate_slices(make_mesh(1, 2, 4))[0], max_new_tokens=inner.max_new_tokens,
         temperature=inner.temperature, top_k=inner.top_k, grpo=inner.grpo, eos_id=domain.eos_id, pad_id=domain.pad_id,
         stop_ids=domain.stop_ids)
