@@ -12,6 +12,7 @@ machine and wall time) are written at the end.
 from __future__ import annotations
 
 import sys
+import time
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -25,8 +26,6 @@ _LABEL = flags.DEFINE_string("label", None, "The curve's name in the plot (defau
 
 
 def main(argv: list[str]) -> None:
-    import time
-
     from derl_jax.config import InputError
     from derl_jax.experiment.checks import validate_config
     from derl_jax.experiment.curve import learning_curve

@@ -9,7 +9,9 @@ A kept run is a folder `docs/results/runs/<name>/` holding the run's `results.js
 and its plots. A kept set of learning curves (launch/learning_curve.py, one subfolder per
 curve with its `curve.json` and `run_info.json`) renders as one table, the paired differences
 of each curve against the first (`curve.compare_curves`) and one figure of all of them; the
-order is `curves.json`'s, written by `collect` (`first`: the curve to put first). A page marks where a run's tables go:
+order is `curves.json`'s, written by `collect` (`first`: the curve to put first).
+
+A page marks where a run's tables go:
 
     <!-- generated: arith_default -->
     ...            (replaced by `render(<name>)` each time the pages are regenerated)
@@ -140,7 +142,7 @@ def render_curves(folder: str, link_prefix: str) -> list[str]:
     lines += [f"Greedy test success (%){f' on {items} test items' if items else ''} after each number of inner "
               f"steps, mean [95% t-interval] over seeds {', '.join(map(str, payloads[0]['seeds']))}:", "",
               "| inner steps | " + " | ".join(order) + " |", "|---:|" + "---|" * len(order)]
-    for row, count in enumerate(steps):
+    for count in steps:
         cells = []
         for payload in payloads:
             at = payload["steps"].index(count) if count in payload["steps"] else None
