@@ -133,12 +133,11 @@ def test_episodes_match_a_python_replay_of_the_environment(greedy):
     np.testing.assert_array_equal(np.asarray(episode["success"]), success)
     np.testing.assert_array_equal(np.where(taken, np.asarray(episode["step_scores"]), 0.0), scores)
     assert taken[:, 0].all()
-    # the update rows are episode-major, one per turn, and train only on taken turns' action tokens
-    assert rows["completions"].shape == (16 * 3, 2)
-    np.testing.assert_array_equal(np.asarray(rows["mask"]).reshape(16, 3, 2).any(-1), taken)
-    # every turn's prompt ends with the latest observation: "at <counter>"
-    prompts = np.asarray(rows["prompts"]).reshape(16, 3, -1)
-    assert (prompts[:, :, -2] == ID["at"]).all()
+    # one update row per episode, training only on taken turns' action tokens
+    assert rows["completions"].shape == (16, 3, 2)
+    np.testing.assert_array_equal(np.asarray(rows["mask"]).any(-1), taken)
+    # every turn's window ends with the latest observation: "at <counter>"
+    assert (np.asarray(rows["blocks"])[:, :, -2] == ID["at"]).all()
 
 
 def test_turn_prompts_hold_the_task_then_the_last_w_actions_and_observations():
@@ -357,23 +356,93 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
         assert int(np.asarray(rows["stream_valid"][n]).sum()) == len(kept)
 
 
+def window_episodes(budget: int, greedy: bool, seed: int = 3):
+    """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled episodes with a
+    window of 2 turns."""
+    domain = dataclasses.replace(counter_domain(2), prompt_budget=budget)
+    graphdef, params = tiny_policy(counter_domain(2), seed=seed)
+    batch = domain.train.take(np.arange(16))
+    key = jax.random.key(5)
+    episode, rows = jax.jit(rollout_lib.device_rollout(domain, graphdef, CFG).fn, static_argnums=3)(
+        params, batch, key, greedy)
+    return domain, graphdef, params, batch, key, episode, rows
+
+
+def written_out_window_prompts(domain: Domain, batch: TokenDataset, episode) -> list[list[list[int]]]:
+    """[n][t]: turn t's prompt of episode n by plain Python rules: the task's real tokens, then of
+    the last W (action up to its EOS, observation) pairs (o_0 alone first) the newest tokens that
+    fit in the prompt length, pad tokens left out. The environment is replayed on the recorded
+    actions."""
+    env, window = domain.env, int(domain.history)
+    tokens, mask, taken = (np.asarray(episode[k]) for k in ("tokens", "mask", "step_mask"))
+    prompts = []
+    for n in range(batch.size):
+        obs, state = env.reset(None, {k: v[n] for k, v in batch.context.items()})
+        task = np.asarray(batch.prompts[n])[np.asarray(batch.prompt_mask[n])].tolist()
+        pairs, per_turn = [[int(t) for t in np.asarray(obs) if t != PAD]], []
+        for t in range(tokens.shape[1]):
+            recent = [token for pair in pairs[-window:] for token in pair]
+            room = domain.prompt_length - len(task)
+            per_turn.append(task + recent[max(0, len(recent) - room):])
+            if taken[n, t]:
+                said = [int(x) for x, m in zip(tokens[n, t], mask[n, t]) if m and x != EOS]
+                obs, state, _, _, _ = env.step(state, jnp.asarray(said + [PAD] * (2 - len(said)), jnp.int32))
+                pairs.append([x for x in said + np.asarray(obs).tolist() if x != PAD])   # pad tokens said are dropped
+        prompts.append(per_turn)
+    return prompts
+
+
+@pytest.mark.parametrize("budget, greedy", [(0, True), (0, False), (6, False)])
+def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
+    """Every turn of a windowed episode (the task read once, the window appended after it) draws,
+    key for key, what `sample` draws after its prompt written out in Python, and its update row
+    holds the window's tokens; a budget drops the oldest window tokens."""
+    domain, graphdef, params, batch, key, episode, rows = window_episodes(budget, greedy)
+    prompts = written_out_window_prompts(domain, batch, episode)
+    tokens, mask = np.asarray(episode["tokens"]), np.asarray(episode["mask"])
+    taken = np.asarray(episode["step_mask"])
+    turn_key = jax.random.split(key)[1]
+    task_lengths = np.asarray(batch.prompt_mask).sum(axis=1)
+    full = 0
+    for t in range(domain.env.max_turns):
+        turn = [prompts[n][t] for n in range(16)]
+        full += sum(len(p) == domain.prompt_length for p in turn)
+        want = sampling.sample(graphdef, params, *left_padded(turn, domain.prompt_length),
+                               jax.random.fold_in(turn_key, t), max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
+        live = np.flatnonzero(taken[:, t])
+        np.testing.assert_array_equal(tokens[live, t], np.asarray(want.tokens)[live])
+        np.testing.assert_array_equal(mask[live, t], np.asarray(want.mask)[live])
+        np.testing.assert_allclose(np.asarray(rows["old_logp"])[live, t], np.asarray(want.sampling_logprobs)[live],
+                                   rtol=1e-5, atol=1e-5)
+        for n in range(16):
+            block = np.asarray(rows["blocks"][n, t])[np.asarray(rows["block_mask"][n, t])].tolist()
+            assert block == turn[n][task_lengths[n]:]
+    assert full > 0   # prompts at the length (a budget of 6 cuts the 7 to 9 tokens of later turns)
+
+
+@pytest.mark.parametrize("history", ["full", "window"])
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "episode_mean"])
-def test_the_packed_update_trains_like_one_row_per_turn(loss_agg):
-    """GRPO's loss, metrics and gradient through one teacher-forced pass per episode equal those
-    through one row per turn (the stream up to the turn as its prompt), and the recomputed
-    log-probs are the sampler's."""
-    domain, graphdef, params, _, _, _, packed = full_history_episodes(0, False)
+def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
+    """GRPO's loss, metrics and gradient through one row per episode (the whole history: one
+    teacher-forced pass over its stream; a window: the task read once, each turn's window and
+    action after it) equal those through one row per turn with its prompt written out, and the
+    recomputed log-probs are the sampler's."""
+    if history == "full":
+        domain, graphdef, params, _, _, _, packed = full_history_episodes(0, False)
+        starts = np.asarray(packed["starts"])
+        written = [np.asarray(packed["stream"][n])[: starts[n, t]].tolist()
+                   for n in range(starts.shape[0]) for t in range(starts.shape[1])]
+    else:
+        domain, graphdef, params, batch, _, episode, packed = window_episodes(6, False)
+        written = [prompt for per_turn in written_out_window_prompts(domain, batch, episode) for prompt in per_turn]
     count, turns, length = packed["completions"].shape
     advantages = jnp.asarray(np.random.default_rng(0).normal(size=count).astype(np.float32))
-    starts = np.asarray(packed["starts"])
-    prompts, prompt_mask = left_padded([np.asarray(packed["stream"][n])[: starts[n, t]].tolist()
-                                        for n in range(count) for t in range(turns)], domain.prompt_length)
+    prompts, prompt_mask = left_padded(written, domain.prompt_length)
     rows = {"prompts": prompts, "prompt_mask": prompt_mask, "advantages": jnp.repeat(advantages, turns),
             **{k: packed[k].reshape(count * turns, length) for k in ("completions", "mask", "old_logp")}}
     if loss_agg == "episode_mean":   # the rows of one episode share its token count
         rows["episode_tokens"] = jnp.repeat(jnp.sum(packed["mask"], axis=(1, 2)).astype(jnp.float32), turns)
     run = rollout_lib.device_rollout(domain, graphdef, CFG)
-    assert run.rows_per_episode == 1
     logp, _ = run.logprobs(params, packed, 1.0)
     taken = np.asarray(packed["mask"])
     np.testing.assert_allclose(np.asarray(logp)[taken], np.asarray(packed["old_logp"])[taken], rtol=1e-5, atol=1e-5)
@@ -414,10 +483,9 @@ def test_full_history_training_over_a_data_axis_equals_one_device():
 
 
 @pytest.mark.slow
-def test_one_weight_per_episode_on_turn_rows_over_a_data_axis_equals_one_device():
-    """loss_agg "episode_mean" with a window (one update row per turn): every row carries its
-    episode's token count, rows cut over 4 devices train as on one, and the weights are used
-    (the run differs from token_mean's and from one weight per turn row's)."""
+def test_one_weight_per_episode_with_a_window_over_a_data_axis_equals_one_device():
+    """loss_agg "episode_mean" with a window: episodes cut over 4 devices train as on one, and the
+    weights are used (the run differs from token_mean's and from one weight per turn's)."""
     domain = counter_domain(2)
     graphdef, params = tiny_policy(domain)
     program = compile_expr(parse("g1 + 0.5*g2", list(domain.primitive_names)))

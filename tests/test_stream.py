@@ -1,4 +1,4 @@
-"""Token streams (`sampling.Stream`): each token read once, and the same numbers as a prompt.
+"""Token streams (`streams.Stream`): each token read once, and the same numbers as a prompt.
 
 An episode with the whole history is one stream: chunks appended to a KV cache, actions decoded
 after it, and one teacher-forced pass over the packed stream in the update. The references are
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from derl_jax.models import sampling
+from derl_jax.models import sampling, streams
 from derl_jax.models.transformer import init_params, tiny_config
 
 PAD, EOS, VOCAB = 0, 1, 23
@@ -47,9 +47,9 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
     graphdef, params = tiny_model()
     rng = np.random.default_rng(0)
     batch, capacity = 3, 40
-    stream = sampling.start_stream(graphdef, params, batch, capacity, 4, PAD)
+    stream = streams.start_stream(graphdef, params, batch, capacity, 4, PAD)
     rows: list[list[int]] = [[] for _ in range(batch)]
-    append = jax.jit(sampling.append, static_argnums=0)
+    append = jax.jit(streams.append, static_argnums=0)
     for width, empty in ((7, ()), (5, (1,)), (6, (0, 2))):
         tokens, valid = random_chunk(rng, batch, width, empty)
         stream = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
@@ -65,7 +65,7 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
     # decoding after the stream draws what sampling after the prompt draws, key for key
     for greedy in (True, False):
         key = jax.random.key(3)
-        out = sampling.stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+        out = streams.stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
                                      greedy=greedy)
         want = sampling.sample(graphdef, params, prompts, mask, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
                                greedy=greedy)
@@ -79,13 +79,13 @@ def test_appending_in_rounds_of_a_few_tokens_gives_the_same_stream():
     needs) leaves the stream one `append` of the whole chunk leaves."""
     graphdef, params = tiny_model()
     rng = np.random.default_rng(4)
-    stream = sampling.start_stream(graphdef, params, 3, 40, 3, PAD)
+    stream = streams.start_stream(graphdef, params, 3, 40, 3, PAD)
     first, first_valid = random_chunk(rng, 3, 6)
-    stream = sampling.append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
+    stream = streams.append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
     tokens, valid = random_chunk(rng, 3, 11, empty_rows=(2,))
     live = jnp.array([True, True, False])
-    whole = sampling.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
-    rounds = jax.jit(sampling.append_in_rounds, static_argnums=(0, 5))(
+    whole = streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
+    rounds = jax.jit(streams.append_in_rounds, static_argnums=(0, 5))(
         graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), 3, live)
     assert int(valid[0].sum()) > 3   # row 0 needs more than one round
     for name in ("tokens", "valid", "length"):
@@ -101,14 +101,14 @@ def test_appending_in_rounds_of_a_few_tokens_gives_the_same_stream():
 def test_rows_that_are_not_live_or_full_keep_what_they_hold():
     graphdef, params = tiny_model()
     rng = np.random.default_rng(1)
-    stream = sampling.start_stream(graphdef, params, 2, 9, 2, PAD)
+    stream = streams.start_stream(graphdef, params, 2, 9, 2, PAD)
     tokens, valid = random_chunk(rng, 2, 6)
     valid[:] = True
-    stream = sampling.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
+    stream = streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
     before = stream
     more, more_valid = random_chunk(rng, 2, 6)
     more_valid[:] = True
-    stream = sampling.append(graphdef, params, stream, jnp.asarray(more), jnp.asarray(more_valid),
+    stream = streams.append(graphdef, params, stream, jnp.asarray(more), jnp.asarray(more_valid),
                              live=jnp.array([False, True]))
     # row 0 is not live: nothing changes; row 1 holds 9 of its 12 tokens and counts all 12
     np.testing.assert_array_equal(np.asarray(stream.tokens[0]), np.asarray(before.tokens[0]))
@@ -153,7 +153,7 @@ def episode_streams(rng, batch: int, turns: int, length: int):
     return tokens, valid, starts, completions, mask, taken
 
 
-@pytest.mark.parametrize("temperature, block", [(1.0, sampling.STREAM_BLOCK), (0.7, 5)])
+@pytest.mark.parametrize("temperature, block", [(1.0, streams.STREAM_BLOCK), (0.7, 5)])
 def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradients(temperature, block):
     """Each turn's completion scored in the packed pass equals its own row (the stream up to the
     turn as a prompt, the completion after it), and so does the gradient of any weighting."""
@@ -164,7 +164,7 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
     weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
 
     def packed(p):
-        logp, entropy = sampling.stream_logprobs(graphdef, p, jnp.asarray(tokens), jnp.asarray(valid),
+        logp, entropy = streams.stream_logprobs(graphdef, p, jnp.asarray(tokens), jnp.asarray(valid),
                                                  jnp.asarray(starts), jnp.asarray(completions), jnp.asarray(mask),
                                                  temperature, block=block)
         return jnp.sum(weights * logp), (logp, entropy)
@@ -182,6 +182,55 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
     (_, got), got_grads = jax.jit(jax.value_and_grad(packed, has_aux=True))(params)
     (_, want), want_grads = jax.jit(jax.value_and_grad(per_turn, has_aux=True))(params)
     assert np.asarray(mask).any(axis=-1).sum() > batch   # several turns of every kind are scored
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+        assert (np.asarray(a)[~mask] == 0).all()
+    for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature, chunks", [(1.0, 1), (0.7, 3)])
+def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks):
+    """A shared prefix (left padded, of different lengths), then each row's own block (real tokens
+    to the right, one row with none) and completion: log-probs, entropies and gradients equal
+    `sequence_logprobs` of every row written out as one prompt."""
+    graphdef, params = tiny_model(seed=4)
+    rng = np.random.default_rng(4)
+    batch, turns, width, length = 3, 4, 6, 3
+    prefix_rows = [rng.integers(2, VOCAB, n).tolist() for n in (5, 2, 7)]
+    prefix, prefix_mask = left_padded(prefix_rows, 8)
+    block_rows = [[rng.integers(2, VOCAB, rng.integers(0, width + 1)).tolist() for _ in range(turns)]
+                  for _ in range(batch)]
+    block_rows[1][2] = []
+    blocks = np.full((batch, turns, width), PAD, np.int32)
+    block_mask = np.zeros((batch, turns, width), bool)
+    completions = rng.integers(2, VOCAB, (batch, turns, length)).astype(np.int32)
+    mask = np.arange(length)[None, None, :] < rng.integers(0, length + 1, (batch, turns))[:, :, None]
+    for b in range(batch):
+        for s in range(turns):
+            row = block_rows[b][s]
+            blocks[b, s, width - len(row):], block_mask[b, s, width - len(row):] = row, True
+    completions = np.where(mask, completions, PAD)
+    weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
+
+    def shared(p):
+        logp, entropy = streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, jnp.asarray(blocks),
+                                                  jnp.asarray(block_mask), jnp.asarray(completions),
+                                                  jnp.asarray(mask), temperature, chunks=chunks)
+        return jnp.sum(weights * logp), (logp, entropy)
+
+    prompts, prompt_mask = left_padded([prefix_rows[b] + block_rows[b][s] for b in range(batch) for s in range(turns)])
+
+    def written_out(p):
+        logp, entropy = sampling.sequence_logprobs(graphdef, p, prompts, prompt_mask,
+                                                   jnp.asarray(completions.reshape(-1, length)),
+                                                   jnp.asarray(mask.reshape(-1, length)), temperature)
+        logp, entropy = logp.reshape(mask.shape), entropy.reshape(mask.shape)
+        return jnp.sum(weights * logp), (logp, entropy)
+
+    (_, got), got_grads = jax.jit(jax.value_and_grad(shared, has_aux=True))(params)
+    (_, want), want_grads = jax.jit(jax.value_and_grad(written_out, has_aux=True))(params)
+    assert mask.any(axis=-1).sum() > batch and mask[1, 2].any()
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
         assert (np.asarray(a)[~mask] == 0).all()

@@ -124,6 +124,33 @@ def left_pack(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]
     return jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(mask, order, axis=-1)
 
 
+def window_history(task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array, observations: jax.Array,
+                   obs_mask: jax.Array, length: int | None = None, pad_id: int | None = None,
+                   width: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """The window part of one turn's prompts: actions i32[N, W, A], observations i32[N, W, O]
+    (slot j: action j and the observation it led to) -> (history i32[N, W*(A+O)], kept bool[N, W*(A+O)]),
+    slot by slot, the real tokens that fit marked in `kept`.
+
+    A prompt holds at most `length` tokens (None: no bound), the task's real tokens (task_mask
+    bool[N, Tp]) first, so a row keeps its newest min(length - task tokens, `width`) real history
+    tokens (`width` None: no second bound); dropped tokens are set to `pad_id` (needed then).
+    """
+    chex.assert_rank([task_mask, actions, observations], [2, 3, 3])
+    count = task_mask.shape[0]
+    history = jnp.concatenate([actions, observations], axis=-1).reshape(count, -1)
+    kept = jnp.concatenate([action_mask, obs_mask], axis=-1).reshape(count, -1).astype(bool)
+    room = None if length is None else int(length) - jnp.sum(task_mask, axis=1, keepdims=True)
+    if width is not None:
+        room = int(width) if room is None else jnp.minimum(room, int(width))
+    if room is None:
+        return history, kept
+    if pad_id is None:
+        raise ValueError("window_history: a bounded window needs pad_id")
+    newer = jnp.cumsum(kept[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
+    kept = kept & (newer <= room)
+    return jnp.where(kept, history, pad_id), kept
+
+
 def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array,
                  observations: jax.Array, obs_mask: jax.Array, length: int | None = None,
                  pad_id: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -131,23 +158,18 @@ def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, acti
     (slot j: action j and the observation it led to) -> left-padded i32[N, P] and mask bool[N, P].
 
     P = min(`length`, Tp + W*(A+O)); None: room for every token. When a row's real tokens do not fit
-    in P, its oldest history tokens are dropped (set to `pad_id`, needed then); the task is always
-    whole, so `length` must be >= Tp.
+    in P, its oldest history tokens are dropped (`window_history`); the task is always whole, so
+    `length` must be >= Tp.
     """
     chex.assert_rank([task, actions, observations], [2, 3, 3])
-    history = jnp.concatenate([actions, observations], axis=-1).reshape(task.shape[0], -1)
-    history_mask = jnp.concatenate([action_mask, obs_mask], axis=-1).reshape(task.shape[0], -1)
-    full = task.shape[1] + history.shape[1]
+    full = task.shape[1] + actions.shape[1] * (actions.shape[2] + observations.shape[2])
     length = full if length is None else min(int(length), full)
     if length < task.shape[1]:
         raise ValueError(f"turn_prompts: prompt length {length} leaves no room for the task prompt's "
                          f"{task.shape[1]} tokens")
-    if length < full:
-        if pad_id is None:
-            raise ValueError("turn_prompts: a prompt length below the full width needs pad_id")
-        room = length - jnp.sum(task_mask, axis=1, keepdims=True)
-        newer = jnp.cumsum(history_mask[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
-        history_mask = history_mask & (newer <= room)
-        history = jnp.where(history_mask, history, pad_id)
+    if length < full and pad_id is None:
+        raise ValueError("turn_prompts: a prompt length below the full width needs pad_id")
+    history, history_mask = window_history(task_mask, actions, action_mask, observations, obs_mask,
+                                           length if length < full else None, pad_id)
     tokens, mask = left_pack(jnp.concatenate([task, history], axis=1), jnp.concatenate([task_mask, history_mask], axis=1))
     return tokens[:, full - length:], mask[:, full - length:]

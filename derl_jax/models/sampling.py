@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from derl_jax.models.attention import HeadMajorCache, init_head_major_cache, write_slots
+from derl_jax.models.attention import HeadMajorCache, init_head_major_cache
 from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
 
 
@@ -330,7 +330,7 @@ def constraint_masks(constraint: Constraint, tokens: jax.Array) -> jax.Array:
 _EXCLUDED_LOGIT = -1e30  # finite, so masked entries give 0 * log 0 = 0 with finite gradients
 
 
-def _logp_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+def logp_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(log softmax(logits)[tokens], entropy of softmax(logits)) f32[B, T] from logits f32[B, T, V]
     and tokens i32[B, T].
 
@@ -397,195 +397,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
             raise ValueError(
                 f"sequence_logprobs: allowed must be [B, T, V] = {logits.shape}, got {allowed.shape}")
         logits = jnp.where(allowed, logits, _EXCLUDED_LOGIT)
-    logp, entropy = _logp_and_entropy(logits, completions.astype(jnp.int32))
+    logp, entropy = logp_and_entropy(logits, completions.astype(jnp.int32))
     logp, entropy = jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
     chex.assert_shape([logp, entropy], completions.shape)
     return logp, entropy
-
-
-# ----------------------------------------------------------------------------- token streams
-
-
-@struct.dataclass
-class Stream:
-    """Token streams, one per row, each read once: every token appended is run through the model
-    once, at its own slot and position, and stays in the cache for everything after it.
-
-    A stream's tokens are packed: the t-th token appended sits at slot t and position t (so a
-    stream of real tokens has the positions `prompt_positions` gives the same tokens in a padded
-    prompt). The cache has C stream slots and, after them, `scratch` slots the decoder writes
-    the tokens it feeds to (`stream_decode`); the tokens it emits enter the stream only when
-    appended.
-
-    cache:       HeadMajorCache, per layer [B, K, C + scratch, Dh].
-    tokens:      i32[B, C]  the token of every stream slot (pad_id where none).
-    valid:       bool[B, C] slots that hold a token.
-    length:      i32[B]     tokens appended so far; beyond C they were not kept (the row is full).
-    last_hidden: [B, D]     hidden state at the last token appended (it predicts the next token).
-    """
-
-    cache: HeadMajorCache
-    tokens: jax.Array
-    valid: jax.Array
-    length: jax.Array
-    last_hidden: jax.Array
-
-    @property
-    def capacity(self) -> int:
-        """C, the stream slots."""
-        return int(self.tokens.shape[1])
-
-
-def start_stream(graphdef: nnx.GraphDef, params: nnx.State, batch_size: int, capacity: int, scratch: int,
-                 pad_id: int) -> Stream:
-    """B empty streams of `capacity` slots plus `scratch` decoder slots."""
-    config = config_of(graphdef, params)
-    if capacity > config.max_position:
-        raise ValueError(f"start_stream: {capacity} stream positions exceed the model's max_position "
-                         f"{config.max_position}")
-    return Stream(cache=init_head_major_cache(config, batch_size, capacity + scratch),
-                  tokens=jnp.full((batch_size, capacity), pad_id, jnp.int32),
-                  valid=jnp.zeros((batch_size, capacity), bool), length=jnp.zeros((batch_size,), jnp.int32),
-                  last_hidden=jnp.zeros((batch_size, config.hidden_size), config.compute_dtype))
-
-
-def append_slots(length: jax.Array, valid: jax.Array, capacity: int, dropped: int) -> tuple[jax.Array, jax.Array]:
-    """(slots i32[B, T], kept bool[B, T]) of the tokens marked by `valid` bool[B, T] appended, in
-    order, to streams of `length` i32[B] tokens: token j goes to slot length + (valid tokens
-    before it); tokens not valid or beyond `capacity` are not kept and get slot `dropped`."""
-    slots = length[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-    kept = valid & (slots < capacity)
-    return jnp.where(kept, slots, dropped), kept
-
-
-def append(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: jax.Array, valid: jax.Array,
-           live: jax.Array | None = None) -> Stream:
-    """`stream` with the tokens of i32[B, T] where `valid` bool[B, T] appended in order, in one
-    forward over the T columns (each new token reads the stream and the new tokens before it).
-
-    Rows with no valid token keep their `last_hidden`. Rows where `live` bool[B] is False are
-    left as they were (their cache slots past the stream may be overwritten; no slot they
-    hold is). Tokens beyond the capacity are counted in `length` and not kept.
-    """
-    batch, width = tokens.shape
-    capacity, cache_length = stream.capacity, stream.cache.length
-    live = jnp.ones((batch,), bool) if live is None else live
-    valid = valid.astype(bool) & live[:, None]
-    # the valid tokens to the right end of the columns: the last column is then the last token
-    order = jnp.argsort(valid.astype(jnp.int32), axis=-1, stable=True)
-    tokens, valid = jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(valid, order, axis=-1)
-    slots, kept = append_slots(stream.length, valid, capacity, cache_length)
-    positions = stream.length[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-    written = write_slots(jnp.zeros((batch, capacity), bool), kept, slots, axis=1)
-    readable = jnp.pad(stream.valid | written, ((0, 0), (0, cache_length - capacity)))
-    query_at = jnp.where(valid, positions, -1)
-    mask = readable[:, None, :] & (jnp.arange(cache_length)[None, None, :] <= query_at[:, :, None])
-    hidden, cache = apply_hidden(graphdef, params, tokens.astype(jnp.int32), jnp.maximum(positions, 0), mask,
-                                 stream.cache, slots, last=1)
-    any_new = jnp.any(valid, axis=1)
-    return Stream(cache=cache, tokens=write_slots(stream.tokens, tokens, slots, axis=1),
-                  valid=stream.valid | written, length=stream.length + jnp.sum(valid, axis=1, dtype=jnp.int32),
-                  last_hidden=jnp.where(any_new[:, None], hidden[:, -1], stream.last_hidden))
-
-
-def append_in_rounds(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: jax.Array,
-                     valid: jax.Array, width: int, live: jax.Array | None = None) -> Stream:
-    """`append` of the valid tokens of tokens i32[B, T] / valid bool[B, T], `width` of them per
-    row at a time, in as many rounds as the row with the most valid tokens needs (a
-    `lax.while_loop`): a chunk that is mostly padding (an observation slot of which a few words
-    are used) costs what its longest row holds, not T. Same stream as one `append` (up to float
-    rounding); rows where `live` is False are left as they were."""
-    batch, total = tokens.shape
-    live = jnp.ones((batch,), bool) if live is None else live
-    valid = valid.astype(bool) & live[:, None]
-    order = jnp.argsort(~valid, axis=-1, stable=True)    # the valid tokens first, in order
-    tokens, valid = jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(valid, order, axis=-1)
-    padded = -(-total // width) * width
-    tokens = jnp.pad(tokens, ((0, 0), (0, padded - total)))
-    valid = jnp.pad(valid, ((0, 0), (0, padded - total)))
-    rounds = -(-jnp.max(jnp.sum(valid, axis=1, dtype=jnp.int32)) // width)
-
-    def one_round(carry):
-        index, stream = carry
-        take = lambda x: jax.lax.dynamic_slice_in_dim(x, index * width, width, axis=1)  # noqa: E731
-        return index + 1, append(graphdef, params, stream, take(tokens), take(valid))
-
-    _, stream = jax.lax.while_loop(lambda carry: carry[0] < rounds, one_round, (jnp.int32(0), stream))
-    return stream
-
-
-def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key: jax.Array, *,
-                  max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
-                  greedy: bool = False) -> SampleOutput:
-    """Generate up to `max_new_tokens` tokens after every stream, exactly as `sample` would after
-    a prompt holding the stream's tokens (the same key gives the same draws). The fed tokens go to
-    the scratch slots; the stream is not changed (append what was generated to keep it)."""
-    capacity, scratch = stream.capacity, stream.cache.length - stream.capacity
-    if scratch < max_new_tokens - 1:
-        raise ValueError(f"stream_decode: {scratch} scratch slots cannot hold {max_new_tokens - 1} fed tokens")
-    batch = stream.tokens.shape[0]
-    key_valid = jnp.concatenate([stream.valid, jnp.ones((batch, scratch), bool)], axis=1)
-    out, _ = decode(graphdef, params, stream.cache, key_valid, stream.last_hidden, capacity, stream.length, key,
-                    max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
-                    top_k=top_k, greedy=greedy)
-    return out
-
-
-STREAM_BLOCK = 96
-"""Queries per block of `causal_hidden`'s pass over a stream (see there)."""
-
-
-def causal_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, valid: jax.Array,
-                  block: int = STREAM_BLOCK) -> jax.Array:
-    """Hidden states [B, C, D] of packed streams (tokens i32[B, C], valid bool[B, C]; token t at
-    position t, reading the valid tokens up to itself), computed in blocks of `block` queries.
-
-    Block i runs through the model with a cache of the blocks before it, so it reads (i + 1) *
-    block keys, not C: about half the attention of one causal pass over C, and arrays that stay
-    small (the attention's cost on a CPU grows faster than its size once they leave the cache).
-    Equals one causal forward over C up to float rounding.
-    """
-    batch, capacity = tokens.shape
-    config = config_of(graphdef, params)
-    slots = jnp.arange(capacity)
-    cache = init_head_major_cache(config, batch, 0)
-    hidden = []
-    for start in range(0, capacity, block):
-        end = min(capacity, start + block)
-        grow = lambda arrays: tuple(jnp.pad(a, ((0, 0), (0, 0), (0, end - start), (0, 0))) for a in arrays)  # noqa: E731
-        cache = HeadMajorCache(k=grow(cache.k), v=grow(cache.v))
-        mask = valid[:, None, :end] & (slots[None, None, :end] <= slots[None, start:end, None])
-        positions = jnp.broadcast_to(slots[start:end], (batch, end - start))
-        out, cache = apply_hidden(graphdef, params, tokens[:, start:end].astype(jnp.int32), positions, mask, cache,
-                                  start)
-        hidden.append(out)
-    return jnp.concatenate(hidden, axis=1)
-
-
-def stream_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, valid: jax.Array,
-                    starts: jax.Array, completions: jax.Array, completion_mask: jax.Array,
-                    temperature: float = 1.0, block: int = STREAM_BLOCK) -> tuple[jax.Array, jax.Array]:
-    """Teacher-forced (logp, entropy) f32[B, S, T] of S completions per stream, in one causal
-    forward over each stream.
-
-    tokens i32[B, C] / valid bool[B, C]: packed streams (`Stream.tokens`, `Stream.valid`: real
-    token t at slot and position t). Completion s of row b, completions[b, s] i32[T] with
-    completion_mask[b, s] bool[T] (a prefix of True, as `SampleOutput.mask`), was generated
-    after the stream's first starts[b, s] tokens and its tokens up to its first EOS were appended
-    right after them: token j of it is predicted by the hidden state at slot starts[b, s] - 1 + j.
-    Equals `sequence_logprobs` of each completion after a prompt of the stream's first
-    starts[b, s] tokens, up to float rounding. Both outputs are 0 where completion_mask is False.
-    The pass runs in blocks of `block` queries (`causal_hidden`).
-    """
-    batch, capacity = tokens.shape
-    chex.assert_shape(valid, (batch, capacity))
-    chex.assert_rank([starts, completions, completion_mask], [2, 3, 3])
-    turns, length = completions.shape[1:]
-    hidden = causal_hidden(graphdef, params, tokens, valid, block)
-    at = jnp.clip(starts[:, :, None] - 1 + jnp.arange(length), 0, capacity - 1).reshape(batch, turns * length)
-    predicting = jnp.take_along_axis(hidden, at[:, :, None], axis=1)
-    logits = apply_logits(graphdef, params, predicting) / temperature
-    logp, entropy = _logp_and_entropy(logits, completions.reshape(batch, turns * length).astype(jnp.int32))
-    logp, entropy = logp.reshape(completions.shape), entropy.reshape(completions.shape)
-    completion_mask = completion_mask.astype(bool)
-    return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)

@@ -14,7 +14,7 @@ steps. Step s:
     form a group) -> rollout stage (sample completions, or play episodes) -> primitive values
     f32[N, P] -> reward = evaluate(program, prims, u) with u = progress(s, S) (0 on the first
     step, 1 on the last) -> NaN/inf rewards set to 0 and counted -> group advantages (one per
-    episode, shared by all its turns' rows; with `inner.self_reward_credit="turn"` one per turn,
+    episode, shared by all its turns; with `inner.self_reward_credit="turn"` one per turn,
     see below) -> reference log-probs under the frozen initial
     policy (for the KL penalty or the KL metric) -> `grpo_update` (epochs x minibatches
     optimizer steps; the importance ratio's old log-probs are the sampler's).
@@ -31,8 +31,8 @@ the primitive g_sg): turn t of episode n is rewarded by the expression evaluated
 episode's primitives with g_sg replaced by that turn's own self-reward r_sg_{n,t} (not the
 episode's sum), e.g. R_env + lambda(u) * r_sg_{n,t} for Self-Guide's reward, and its advantage
 is that reward's group-relative value among every taken turn of the group's episodes
-(`grpo.turn_advantages`); the update rows get one advantage per turn ([N*S] with a window,
-[N, S] with the whole history). The per-step `reward_mean` stays the episode reward's mean.
+(`grpo.turn_advantages`); the update rows get one advantage per turn, [N, S].
+The per-step `reward_mean` stays the episode reward's mean.
 
 Reward expressions are data (`Program` arrays), so `train_many` — `jax.vmap` of `train` over
 the stacked programs and keys, the policy shared (one initial policy for every candidate)
@@ -51,7 +51,7 @@ update step, u and metric names; `make_evaluator` picks the driver from the doma
 Validation metric: greedy pass@1, the domain's outcome primitive on greedy rollouts.
 
 Shapes: K candidates, M examples in a split, B prompts per step, G group size, N = B*G
-rollouts, R = N * rows_per_episode update rows, Tp prompt tokens, T = max_new_tokens,
+rollouts (one update row each), Tp prompt tokens, T = max_new_tokens,
 P primitives, S steps, O = dynamic_oversample (O*N rollouts sampled per step).
 """
 
@@ -65,7 +65,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from derl_jax.domains.base import FULL_HISTORY, Domain, TokenDataset
+from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.expr.program import Program
 from derl_jax.expr.vm import evaluate
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, replicated
@@ -204,7 +204,7 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
     self_reward_column = _self_reward_column(domain, cfg)
     # rows [b*G, (b+1)*G) share a prompt; the update keeps that order only with one minibatch
     update_groups = rollout.prefill_group if cfg.grpo.minibatches == 1 else 1
-    minibatch_rows = cfg.rollouts_per_step * rollout.rows_per_episode // cfg.grpo.minibatches
+    minibatch_rows = cfg.rollouts_per_step // cfg.grpo.minibatches
     data_split = update_split(mesh, minibatch_rows, update_groups)
 
     def completion_logprobs(params, update_batch, group_size=update_groups):
@@ -232,18 +232,13 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
                                             oversample=cfg.dynamic_oversample)
             if scored.rows is not None:   # dynamic sampling: the chosen groups' rows (single turn: one per rollout)
                 update_batch = jax.tree_util.tree_map(lambda x: over_data(x[scored.rows]), update_batch)
-            if self_reward_column is None:   # one advantage per episode, on each of its rows
-                advantages = jnp.repeat(scored.advantages, rollout.rows_per_episode)
-            else:                            # one per turn: [N, S] rows of the whole history, else N*S rows
+            if self_reward_column is None:   # one advantage per episode
+                advantages = scored.advantages
+            else:                            # one per turn [N, S]
                 per_turn = turn_rewards(program, prims, episode["self_rewards"], self_reward_column, u)
                 advantages = turn_advantages(per_turn, episode["step_mask"], group,
                                              normalize_std=cfg.grpo.normalize_std)
-                advantages = advantages if domain.history == FULL_HISTORY else advantages.reshape(-1)
             update_batch = dict(update_batch, advantages=advantages)
-            if cfg.grpo.loss_agg == "episode_mean" and rollout.rows_per_episode > 1:   # rows are turns
-                mask = update_batch["mask"]   # bool[N * S, A], episode-major
-                per_episode = jnp.sum(mask.reshape(-1, rollout.rows_per_episode, mask.shape[-1]), axis=(1, 2))
-                update_batch["episode_tokens"] = jnp.repeat(per_episode.astype(jnp.float32), rollout.rows_per_episode)
             if cfg.top_k != 0:  # the top-k filtered sampling distribution is not the one the update differentiates
                 update_batch["old_logp"] = completion_logprobs(params, update_batch, rollout.prefill_group)[0]
             if cfg.uses_reference:

@@ -15,30 +15,34 @@ A device rollout function is `rollout(params, batch: TokenDataset [N rows], key,
 (episode, update_batch)`: `episode` is what primitives read (single turn: tokens i32[N, T],
 mask bool[N, T]; multi-turn: step_scores f32[N, S], step_mask bool[N, S], success f32[N],
 plus tokens/mask of every action [N, S, A], and self_rewards f32[N, S] when the environment
-reports info["self_reward"]); `update_batch` holds the rows GRPO trains on
-(prompts i32[R, Tp], prompt_mask, completions i32[R, T], mask bool[R, T] True on policy
-tokens only, old_logp f32[R, T]) with R = N * rows_per_episode, episode-major; with the whole
-history one row per episode instead (`stream_episodes`), which `DeviceRollout.logprobs` reads.
+reports info["self_reward"]); `update_batch` holds one row per episode for GRPO, whatever
+`DeviceRollout.logprobs` reads: single turn prompts i32[N, Tp], prompt_mask, completions
+i32[N, T], mask bool[N, T] True on policy tokens only, old_logp f32[N, T]; multi-turn the
+turns' completions, mask and old_logp [N, S, A] (GRPO treats each [A] slice as a sequence) and
+what their prompts are read from (below).
 
 Multi-turn prompts (turn t of an episode) depend on `Domain.history`:
 
   W (an int, a window)  the task's prompt tokens, then for j = t-W .. t-1 the policy's action
       a_j followed by the observation o_{j+1} it led to (o_0, from reset, is the last slot at
-      t = 0); missing turns are padding. Real tokens are packed to the right (left padding), so
-      every turn's prompt has the fixed length P = `Domain.prompt_length` (at most
-      Tp + W * (A + O); a shorter P drops a long window's oldest tokens, `derl_jax.domains.env.turn_prompts`). Action
-      tokens enter later prompts without their EOS (and without pad tokens). Every turn's prompt
-      is run through the model anew (`window_episodes`); the update trains on one row per turn
-      (prompt, action), R = N * S rows.
+      t = 0), as the left-padded prompt of length P = `Domain.prompt_length` (at most
+      Tp + W * (A + O)) that `derl_jax.domains.env.turn_prompts` writes: a longer window drops its
+      oldest tokens (`window_history`). Action tokens enter later prompts without their EOS
+      (and without pad tokens). The task is read once per episode (`window_episodes`): its
+      tokens are a stream (`streams.Stream`) that every turn copies, appends its window to and
+      decodes after, the draws `sampling.sample` makes after the written-out prompt; the update
+      reads each task once and each turn's window and action after it
+      (`streams.prefixed_logprobs`): update rows prefix i32[N, Tp] / prefix_mask, blocks
+      i32[N, S, H] / block_mask (the window tokens, packed to the right, H = `window_width`).
   "full"  the whole episode so far: the task, o_0, then a_0 o_1 a_1 o_2 ... a_{t-1} o_t, as one
       token stream per episode that is read once (`stream_episodes`): each observation and
-      each action is appended to the episode's KV cache (`sampling.Stream`) and never run
+      each action is appended to the episode's KV cache (`streams.Stream`) and never run
       again, and the update runs one teacher-forced pass per episode over the packed stream
-      (`sampling.stream_logprobs`), R = N rows of S turns (update leaves [N, S, A]). An action
-      enters the stream as generated, up to its EOS. The same tokens in a window of W >= t + 1
-      turns give turn t the same prompt (when no action holds a pad token before its EOS). With
-      `Domain.prompt_budget` = P > 0, an episode also ends before a turn whose prompt would
-      exceed P tokens; the stream holds C = P + A slots.
+      (`streams.stream_logprobs`; update rows stream i32[N, C] / stream_valid, starts i32[N, S]).
+      An action enters the stream as generated, up to its EOS. The same tokens in a window of
+      W >= t + 1 turns give turn t the same prompt (when no action holds a pad token before its
+      EOS). With `Domain.prompt_budget` = P > 0, an episode also ends before a turn whose prompt
+      would exceed P tokens; the stream holds C = P + A slots.
 
 An episode ends when the environment says `done` or after S = env.max_turns turns; turns after
 the end are masked out of the loss and of the step scores.
@@ -51,11 +55,12 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from derl_jax.domains.base import FULL_HISTORY, TokenDataset
-from derl_jax.domains.env import checked_reset, checked_step, is_host_env, turn_prompts
-from derl_jax.models import sampling
+from derl_jax.domains.env import checked_reset, checked_step, is_host_env, left_pack, window_history
+from derl_jax.models import sampling, streams
 from derl_jax.rl.host_env import HostEnvBridge
 
 ROLLOUT_KINDS = ("device", "host", "env")
@@ -67,7 +72,6 @@ class DeviceRollout:
     """A rollout stage that runs inside the jitted loop (module docstring).
 
     fn(params, batch, key, greedy) -> (episode, update_batch)
-    rows_per_episode: R / N (1 single-turn, S multi-turn with a window, 1 with the full history).
     prefill_group: rows that share one prompt in update_batch and may be prefilled once (G
       for single-turn batches built from G copies of each prompt, 1 multi-turn).
     logprobs(params, update_batch, temperature, group_size) -> (logp, entropy), each shaped as
@@ -76,7 +80,6 @@ class DeviceRollout:
     """
 
     fn: Callable
-    rows_per_episode: int
     prefill_group: int
     logprobs: Callable
 
@@ -90,11 +93,22 @@ def row_logprobs(graphdef: nnx.GraphDef) -> Callable:
     return logprobs
 
 
+def prefixed_row_logprobs(graphdef: nnx.GraphDef) -> Callable:
+    """`DeviceRollout.logprobs` of episodes' turns after their task (prefix, prefix_mask, blocks,
+    block_mask, completions, mask)."""
+    def logprobs(params, rows, temperature: float, group_size: int = 1):
+        del group_size   # every row is its own episode
+        return streams.prefixed_logprobs(graphdef, params, rows["prefix"], rows["prefix_mask"], rows["blocks"],
+                                         rows["block_mask"], rows["completions"], rows["mask"], temperature)
+
+    return logprobs
+
+
 def stream_row_logprobs(graphdef: nnx.GraphDef) -> Callable:
     """`DeviceRollout.logprobs` of episode streams (stream, stream_valid, starts, completions, mask)."""
     def logprobs(params, rows, temperature: float, group_size: int = 1):
         del group_size   # every row is its own episode
-        return sampling.stream_logprobs(graphdef, params, rows["stream"], rows["stream_valid"], rows["starts"],
+        return streams.stream_logprobs(graphdef, params, rows["stream"], rows["stream_valid"], rows["starts"],
                                         rows["completions"], rows["mask"], temperature)
 
     return logprobs
@@ -120,7 +134,7 @@ def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callab
                         "mask": out.mask, "old_logp": out.sampling_logprobs}
         return episode, update_batch
 
-    return DeviceRollout(fn=fn, rows_per_episode=1, prefill_group=group, logprobs=row_logprobs(graphdef))
+    return DeviceRollout(fn=fn, prefill_group=group, logprobs=row_logprobs(graphdef))
 
 
 # ----------------------------------------------------------------------------- multi-turn
@@ -160,14 +174,32 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
     return window_episodes(domain, graphdef, cfg, over_data)
 
 
+def window_width(domain: Any) -> int:
+    """H, the most window tokens a turn's prompt of `domain` holds: min(W * (A + O), P - the fewest
+    real task tokens of any example of its splits). A prompt is the task's real tokens, then at
+    most H window tokens (`window_history`'s `width`), so for the domain's own examples the
+    bound is the prompt length's; an example of another dataset with a shorter task gets no
+    more than H window tokens either."""
+    env = domain.env
+    full = int(domain.history) * (int(env.action_length) + int(env.obs_length))
+    splits = [split for split in (domain.train, domain.test) if split is not None]
+    fewest = min(int(np.min(np.sum(np.asarray(split.prompt_mask), axis=1))) for split in splits)
+    return max(1, min(full, int(domain.prompt_length) - fewest))
+
+
 def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x
                     ) -> DeviceRollout:
-    """Episodes whose turn t prompt is the task and the last W turns, built and prefilled anew
-    every turn; one update row per turn (module docstring)."""
+    """Episodes whose turn t prompt is the task and the last W turns: the task is read once per
+    episode (a stream of its tokens), every turn appends its window to a copy of that stream and
+    decodes after it; the update reads each task once and every turn's window and action after
+    it (`streams.prefixed_logprobs`). One update row per episode: prefix i32[N, Tp] /
+    prefix_mask (the task prompt), blocks i32[N, S, H] / block_mask (each turn's window tokens,
+    packed to the right; H = `window_width`), completions / mask / old_logp [N, S, A]."""
     env, reset, step = _episode_env(domain, cfg)
     window, pad, eos = int(domain.history), domain.pad_id, domain.eos_id
     turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
     length = int(domain.prompt_length)   # a split narrower than the widest keeps its own full width
+    width = window_width(domain)
 
     def fn(params, batch: TokenDataset, key, greedy: bool):
         count = batch.size
@@ -175,14 +207,18 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
         obs, state = reset(jax.random.split(reset_key, count), dict(batch.context))
         observations = jnp.full((count, window, obs_len), pad, jnp.int32).at[:, -1].set(obs)
         actions = jnp.full((count, window, act_len), pad, jnp.int32)
+        task = streams.start_stream(graphdef, params, count, length, act_len, pad)
+        task = streams.append(graphdef, params, task, over_data(batch.prompts), over_data(batch.prompt_mask))
 
         def turn(carry, index):
             state, observations, actions, alive, success = carry
-            prompts, prompt_mask = turn_prompts(batch.prompts, batch.prompt_mask, actions, actions != pad,
-                                                observations, observations != pad, length, pad)
-            prompts, prompt_mask = over_data(prompts), over_data(prompt_mask)
-            out = _generate(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, index),
-                            domain=domain, cfg=cfg, greedy=greedy, group_size=1)
+            history, kept = window_history(batch.prompt_mask, actions, actions != pad, observations,
+                                           observations != pad, length, pad, width)
+            history, kept = over_data(history), over_data(kept)
+            prompt = streams.append_in_rounds(graphdef, params, task, history, kept, APPEND_WIDTH)
+            out = streams.stream_decode(graphdef, params, prompt, jax.random.fold_in(turn_key, index),
+                                        max_new_tokens=act_len, eos_id=eos, pad_id=pad, temperature=cfg.temperature,
+                                        top_k=cfg.top_k, greedy=greedy)
             action = jnp.where(out.mask & (out.tokens != eos), out.tokens, pad)
             obs, new_state, _, done, info = step(state, action)
             keep = _keep(alive)
@@ -190,7 +226,8 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             observations = keep(_shift_in(observations, obs), observations)
             actions = keep(_shift_in(actions, action), actions)
             success = jnp.where(alive, jnp.maximum(success, info["success"].astype(jnp.float32)), success)
-            record = {"prompts": prompts, "prompt_mask": prompt_mask, "completions": out.tokens,
+            block, block_mask = left_pack(history, kept)
+            record = {"blocks": block[:, -width:], "block_mask": block_mask[:, -width:], "completions": out.tokens,
                       "mask": out.mask & alive[:, None], "old_logp": out.sampling_logprobs,
                       "step_score": info["step_score"].astype(jnp.float32), "alive": alive}
             if "self_reward" in info:   # an environment with self-assessment (Self-Guide)
@@ -204,11 +241,11 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
                    "tokens": per_episode["completions"], "mask": per_episode["mask"]}
         if "self_reward" in per_episode:
             episode["self_rewards"] = per_episode["self_reward"]
-        rows = {name: per_episode[name].reshape(count * turns, *per_episode[name].shape[2:])
-                for name in ("prompts", "prompt_mask", "completions", "mask", "old_logp")}
+        rows = {"prefix": batch.prompts, "prefix_mask": batch.prompt_mask,
+                **{name: per_episode[name] for name in ("blocks", "block_mask", "completions", "mask", "old_logp")}}
         return episode, rows
 
-    return DeviceRollout(fn=fn, rows_per_episode=turns, prefill_group=1, logprobs=row_logprobs(graphdef))
+    return DeviceRollout(fn=fn, prefill_group=1, logprobs=prefixed_row_logprobs(graphdef))
 
 
 def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x
@@ -229,15 +266,15 @@ def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
         count = batch.size
         reset_key, turn_key = jax.random.split(key)
         obs, state = reset(jax.random.split(reset_key, count), dict(batch.context))
-        stream = sampling.start_stream(graphdef, params, count, capacity, act_len, pad)
+        stream = streams.start_stream(graphdef, params, count, capacity, act_len, pad)
         first = jnp.concatenate([batch.prompts, obs], axis=1)
         first_valid = jnp.concatenate([batch.prompt_mask, obs != pad], axis=1)
-        stream = sampling.append(graphdef, params, stream, over_data(first), over_data(first_valid))
+        stream = streams.append(graphdef, params, stream, over_data(first), over_data(first_valid))
 
         def turn(carry, index):
             state, stream, alive, success = carry
             alive = alive & (stream.length <= budget)
-            out = sampling.stream_decode(graphdef, params, stream, jax.random.fold_in(turn_key, index),
+            out = streams.stream_decode(graphdef, params, stream, jax.random.fold_in(turn_key, index),
                                          max_new_tokens=act_len, eos_id=eos, pad_id=pad, temperature=cfg.temperature,
                                          top_k=cfg.top_k, greedy=greedy)
             said = out.mask & (out.tokens != eos)   # the action up to its EOS
@@ -245,7 +282,7 @@ def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             obs, new_state, _, done, info = step(state, action)
             state = jax.tree_util.tree_map(_keep(alive), new_state, state)
             starts = stream.length
-            stream = sampling.append_in_rounds(graphdef, params, stream,
+            stream = streams.append_in_rounds(graphdef, params, stream,
                                                over_data(jnp.concatenate([out.tokens, obs], axis=1)),
                                                over_data(jnp.concatenate([said, obs != pad], axis=1)), APPEND_WIDTH,
                                                live=alive)
@@ -268,7 +305,7 @@ def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
                 **{name: per_episode[name] for name in ("starts", "completions", "mask", "old_logp")}}
         return episode, rows
 
-    return DeviceRollout(fn=fn, rows_per_episode=1, prefill_group=1, logprobs=stream_row_logprobs(graphdef))
+    return DeviceRollout(fn=fn, prefill_group=1, logprobs=stream_row_logprobs(graphdef))
 
 
 def device_rollout(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:

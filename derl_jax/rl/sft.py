@@ -47,7 +47,8 @@ from flax import nnx, struct
 from derl_jax.checkpoint import atomic_write, atomic_write_json
 from derl_jax.config import field_error
 from derl_jax.domains.base import FULL_HISTORY, Domain
-from derl_jax.models.sampling import sequence_logprobs, stream_logprobs
+from derl_jax.models.sampling import sequence_logprobs
+from derl_jax.models.streams import stream_logprobs
 from derl_jax.models.transformer import ModelConfig, abstract_model, default_compute_dtype, init_params, tiny_config
 
 # Bump when a change to this module changes the policy it builds for the same inputs.
@@ -108,7 +109,7 @@ class SFTData:
 
 @struct.dataclass
 class SFTStreams:
-    """A tokenized corpus of M episodes, each one token stream (`derl_jax.models.sampling.Stream`
+    """A tokenized corpus of M episodes, each one token stream (`derl_jax.models.streams.Stream`
     layout: token t at slot t) holding up to S completions.
 
     tokens i32[M, C], valid bool[M, C]: the stream (BOS, the first prompt, then each completion
