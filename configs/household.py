@@ -37,9 +37,10 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
   domain.*   kind, level ("L0" | "L1" | "L2"), seed (tasks and the seen/unseen type split),
              num_train / num_test tasks, held_out_kinds (the two kinds L2 tests on; indices of
              pick, examine, clean, heat, cool, pick_two), max_turns per episode, history
-             ("window": each turn's prompt holds the task and the last `window` turns, re-read
-             every turn; "full": every turn since reset, one token stream per episode whose
-             tokens are each read once, in sampling and in the update; docs/agent_speed.md),
+             ("window": each turn's prompt holds the task and the last `window` turns, the task
+             read once per episode and each turn's window after it; "full": every turn since
+             reset, one token stream per episode whose tokens are each read once, in sampling
+             and in the update; docs/agent_speed.md),
              window (W), prompt_budget (the most tokens of a turn's prompt; with the window 128
              drops the oldest window tokens of 0.4% of the expert's prompts and halves an inner
              step against 0, room for the whole 221-token window; with the whole history an

@@ -83,7 +83,7 @@ class Domain:
       "env"    multi-turn episodes against `env` (`derl_jax.domains.env`); prompts hold the
                task, then the actions and observations of `history`; primitives read
                step_scores f32[N, S], step_mask bool[N, S], success f32[N].
-    history: "env" only: an int W >= 1, the last W turns (a window, re-read every turn), or
+    history: "env" only: an int W >= 1, the last W turns (a window, read after the task every turn), or
       "full" (FULL_HISTORY), every turn since reset (one token stream per episode, each token
       read once); see `derl_jax.rl.rollout`.
     prompt_budget: "env" only, the most tokens of a turn's prompt (0 = room for the whole

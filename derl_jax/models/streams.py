@@ -235,6 +235,9 @@ def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Arr
     length = completions.shape[2]
     chex.assert_shape(block_mask, blocks.shape)
     chex.assert_shape([completions, completion_mask], (batch, turns, length))
+    if not isinstance(chunks, int) or chunks < 1 or length < 1:
+        raise ValueError(f"prefixed_logprobs: chunks must be an int >= 1 and completions at least 1 token long, "
+                         f"got chunks={chunks!r} and {length} tokens")
     config = config_of(graphdef, params)
     prefix_mask = prefix_mask.astype(bool)
     causal = jnp.arange(prefix_length)[None, :] <= jnp.arange(prefix_length)[:, None]

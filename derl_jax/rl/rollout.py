@@ -167,7 +167,7 @@ def _keep(alive: jax.Array) -> Callable:
 def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
     """Multi-turn rollouts against `domain.env`, every turn in one scan (a pure JAX environment
     runs in the scan itself, a host environment through `HostEnvBridge` callbacks): the whole
-    history in one stream per episode (`stream_episodes`) or a window re-read every turn
+    history in one stream per episode (`stream_episodes`) or a window read after the task every turn
     (`window_episodes`), as `domain.history` says."""
     if domain.history == FULL_HISTORY:
         return stream_episodes(domain, graphdef, cfg, over_data)

@@ -4,7 +4,7 @@ Config block `domain` (configs/household.py):
   kind="household"; level: "L0" | "L1" | "L2"; seed: task generation and seen/unseen split;
   num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
   into tasks.KINDS); max_turns: turns per episode; history: what a turn's prompt holds besides
-  the task, "window" (the last `window` turns, re-read every turn) or "full" (every turn since
+  the task, "window" (the last `window` turns, read after the task every turn) or "full" (every turn since
   reset, one token stream per episode read once; see derl_jax.rl.rollout); window: W (default 2;
   an int `history` is read as a window of that many turns);
   prompt_budget (default 0: room for the whole history): the most tokens of a turn's prompt,
