@@ -148,7 +148,6 @@ def _token_logprob(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
 
 
-DECODE_UNROLL = 1
 PREDRAWN_NOISE_MAX_ELEMENTS = 1 << 24  # 64 MiB of float32
 
 
@@ -299,7 +298,7 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key
     emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
     (cache, *_), rest = jax.lax.scan(decode_step, (cache, emitted0, done0, constraint_state),
                                      (jnp.arange(1, max_new_tokens, dtype=jnp.int32),
-                                      noise[1:] if predrawn else None), unroll=DECODE_UNROLL)
+                                      noise[1:] if predrawn else None))
     columns = [jnp.concatenate([head[:, None], tail.T], axis=1)
                for head, tail in zip((emitted0, logprob0, sampling_logprob0, live0), rest)]
     tokens, logprobs, sampling_logprobs, mask = columns
