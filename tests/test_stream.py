@@ -164,29 +164,13 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
     weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
 
     def packed(p):
-        logp, entropy = streams.stream_logprobs(graphdef, p, jnp.asarray(tokens), jnp.asarray(valid),
-                                                 jnp.asarray(starts), jnp.asarray(completions), jnp.asarray(mask),
-                                                 temperature, block=block)
-        return jnp.sum(weights * logp), (logp, entropy)
+        return streams.stream_logprobs(graphdef, p, jnp.asarray(tokens), jnp.asarray(valid), jnp.asarray(starts),
+                                       jnp.asarray(completions), jnp.asarray(mask), temperature, block=block)
 
-    prompts, prompt_mask = left_padded([tokens[b, : starts[b, s]].tolist() for b in range(batch)
-                                        for s in range(turns)])
-
-    def per_turn(p):
-        logp, entropy = sampling.sequence_logprobs(graphdef, p, prompts, prompt_mask,
-                                                   jnp.asarray(completions.reshape(-1, length)),
-                                                   jnp.asarray(mask.reshape(-1, length)), temperature)
-        logp, entropy = logp.reshape(mask.shape), entropy.reshape(mask.shape)
-        return jnp.sum(weights * logp), (logp, entropy)
-
-    (_, got), got_grads = jax.jit(jax.value_and_grad(packed, has_aux=True))(params)
-    (_, want), want_grads = jax.jit(jax.value_and_grad(per_turn, has_aux=True))(params)
     assert np.asarray(mask).any(axis=-1).sum() > batch   # several turns of every kind are scored
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
-        assert (np.asarray(a)[~mask] == 0).all()
-    for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    assert_scored_like_written_out_rows(graphdef, params, packed, [tokens[b, : starts[b, s]].tolist() for b in range(batch)
+                                                                   for s in range(turns)],
+                                        completions, mask, weights, temperature)
 
 
 @pytest.mark.parametrize("temperature, chunks", [(1.0, 1), (0.7, 3)])
@@ -214,25 +198,38 @@ def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature,
     weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
 
     def shared(p):
-        logp, entropy = streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, jnp.asarray(blocks),
-                                                  jnp.asarray(block_mask), jnp.asarray(completions),
-                                                  jnp.asarray(mask), temperature, chunks=chunks)
-        return jnp.sum(weights * logp), (logp, entropy)
+        return streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, jnp.asarray(blocks), jnp.asarray(block_mask),
+                                         jnp.asarray(completions), jnp.asarray(mask), temperature, chunks=chunks)
 
-    prompts, prompt_mask = left_padded([prefix_rows[b] + block_rows[b][s] for b in range(batch) for s in range(turns)])
+    assert mask.any(axis=-1).sum() > batch and mask[1, 2].any()
+    assert_scored_like_written_out_rows(graphdef, params, shared, [prefix_rows[b] + block_rows[b][s] for b in range(batch)
+                                                                   for s in range(turns)],
+                                        completions, mask, weights, temperature)
+
+
+def assert_scored_like_written_out_rows(graphdef, params, scored, rows, completions, mask, weights, temperature):
+    """`scored(params) -> (logp, entropy)` [B, S, T] equals `sequence_logprobs` over the rows
+    written out (token lists `rows`, B*S of them, row-major), and so does the gradient of the
+    `weights`-weighted log-probs; both outputs are 0 off the mask."""
+    length = completions.shape[-1]
+    prompts, prompt_mask = left_padded(rows)
 
     def written_out(p):
         logp, entropy = sampling.sequence_logprobs(graphdef, p, prompts, prompt_mask,
                                                    jnp.asarray(completions.reshape(-1, length)),
                                                    jnp.asarray(mask.reshape(-1, length)), temperature)
-        logp, entropy = logp.reshape(mask.shape), entropy.reshape(mask.shape)
-        return jnp.sum(weights * logp), (logp, entropy)
+        return logp.reshape(mask.shape), entropy.reshape(mask.shape)
 
-    (_, got), got_grads = jax.jit(jax.value_and_grad(shared, has_aux=True))(params)
-    (_, want), want_grads = jax.jit(jax.value_and_grad(written_out, has_aux=True))(params)
-    assert mask.any(axis=-1).sum() > batch and mask[1, 2].any()
+    def weighted(fn):
+        def loss(p):
+            logp, entropy = fn(p)
+            return jnp.sum(weights * logp), (logp, entropy)
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+    (_, got), got_grads = weighted(scored)(params)
+    (_, want), want_grads = weighted(written_out)(params)
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
-        assert (np.asarray(a)[~mask] == 0).all()
+        assert (np.asarray(a)[~np.asarray(mask)] == 0).all()
     for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
