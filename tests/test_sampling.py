@@ -358,14 +358,14 @@ def test_logp_and_entropy_match_log_softmax_in_values_and_gradients():
         logp = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
         return logp, -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
 
-    for ours, expected in zip(sm._logp_and_entropy(logits, tokens), reference(logits)):
+    for ours, expected in zip(sm.logp_and_entropy(logits, tokens), reference(logits)):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
     weights = jnp.asarray(rng.standard_normal((2, 2, 3)), jnp.float32)
 
     def objective(fn):
         return lambda x: sum(jnp.sum(w * v) for w, v in zip(weights, fn(x)))
 
-    ours, expected = jax.grad(objective(lambda x: sm._logp_and_entropy(x, tokens)))(logits), \
+    ours, expected = jax.grad(objective(lambda x: sm.logp_and_entropy(x, tokens)))(logits), \
         jax.grad(objective(reference))(logits)
     assert bool(jnp.isfinite(ours).all())
     np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
