@@ -379,16 +379,26 @@ def test_token_weights_make_shards_add_up_to_the_whole(mode):
 
 
 @pytest.mark.parametrize("bucket_bytes", [0, 48, grpo.GRAD_BUCKET_BYTES])
-def test_sum_over_shards_equals_the_leafwise_sum(bucket_bytes):
+def test_psum_in_buckets_equals_the_leafwise_sum_over_devices(bucket_bytes):
+    """Three devices each holding a different tree: every device gets the leafwise sum, in
+    each leaf's shape and dtype, however the leaves are packed into buffers."""
     rng = np.random.default_rng(4)
     tree = {"a": rng.normal(size=(3, 4, 5)), "b": rng.normal(size=(3,)), "c": rng.normal(size=(3, 7)),
             "d": rng.normal(size=(3, 2, 2))}
     tree = {name: jnp.asarray(leaf, jnp.bfloat16 if name == "c" else jnp.float32) for name, leaf in tree.items()}
-    summed = jax.jit(functools.partial(grpo.sum_over_shards, bucket_bytes=bucket_bytes))(tree)
+    mesh = make_mesh(1, 3, 1, devices=jax.devices()[:3])
+    summed = jax.jit(jax.shard_map(lambda t: grpo.psum_in_buckets(t, "data", bucket_bytes), mesh=mesh,
+                                   in_specs=PartitionSpec("data"), out_specs=PartitionSpec("data")))(tree)
     for name, leaf in tree.items():
-        assert summed[name].shape == leaf.shape[1:] and summed[name].dtype == leaf.dtype
+        assert summed[name].shape == leaf.shape and summed[name].dtype == leaf.dtype
         want = np.asarray(leaf, np.float32).sum(axis=0)
-        np.testing.assert_allclose(np.asarray(summed[name], np.float32), want, rtol=1e-2 if name == "c" else 1e-6)
+        for device in range(3):
+            np.testing.assert_allclose(np.asarray(summed[name][device], np.float32), want,
+                                       rtol=1e-2 if name == "c" else 1e-6)
+
+
+def data_split(devices: int, rows: int) -> dict:
+    return update_split(make_mesh(1, devices, 1, devices=jax.devices()[:devices]), rows)
 
 
 @pytest.mark.parametrize("loss_agg, minibatches", [("token_mean", 1), ("seq_mean_token_mean", 2),
@@ -400,21 +410,25 @@ def test_an_update_split_into_row_shards_equals_the_whole_batch_update(loss_agg,
     batch["mask"] = batch["mask"].at[3, 1:].set(False)  # uneven lengths, so the weights matter
     optimizer = grpo.make_optimizer(cfg)
 
-    def update(shards):
+    def update(**split):
         return jax.jit(functools.partial(grpo.grpo_update, logprob_fn=linear_softmax_logprobs, optimizer=optimizer,
-                                         cfg=cfg, data_shards=shards))(params, optimizer.init(params), batch,
-                                                                       jax.random.key(5))
+                                         cfg=cfg, **split))(params, optimizer.init(params), batch, jax.random.key(5))
 
-    (whole, _, whole_metrics), (split, _, split_metrics) = update(1), update(4 // minibatches)
+    split = data_split(4 // minibatches, 8 // minibatches)
+    assert split["mesh"].shape["data"] == 4 // minibatches
+    (whole, _, whole_metrics), (shards, _, split_metrics) = update(), update(**split)
     assert not np.allclose(np.asarray(whole["w"]), np.asarray(params["w"]))
-    np.testing.assert_allclose(np.asarray(split["w"]), np.asarray(whole["w"]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(shards["w"]), np.asarray(whole["w"]), rtol=1e-5, atol=1e-6)
     assert set(split_metrics) == set(whole_metrics)
     for name in whole_metrics:
         np.testing.assert_allclose(float(split_metrics[name]), float(whole_metrics[name]), rtol=1e-5, atol=1e-7,
                                    err_msg=name)
-    with pytest.raises(ValueError, match="do not split into data_shards=3"):
+    with pytest.raises(ValueError, match="do not split over the 3 devices of mesh axis 'data'"):
         grpo.grpo_update(params, optimizer.init(params), batch, jax.random.key(5), linear_softmax_logprobs,
-                         optimizer, cfg, data_shards=3)
+                         optimizer, cfg, **dict(split, mesh=make_mesh(1, 3, 1, devices=jax.devices()[:3])))
+    with pytest.raises(ValueError, match="data_axis='rows' is not an axis of the mesh"):
+        grpo.grpo_update(params, optimizer.init(params), batch, jax.random.key(5), linear_softmax_logprobs,
+                         optimizer, cfg, **dict(split, data_axis="rows"))
 
 
 def test_on_a_data_mesh_the_gradient_is_reduced_as_one_flat_buffer():
@@ -426,7 +440,7 @@ def test_on_a_data_mesh_the_gradient_is_reduced_as_one_flat_buffer():
     optimizer = grpo.make_optimizer(cfg)
     mesh = make_mesh(1, 2, 1, devices=jax.devices()[:2])
     split = update_split(mesh, 8)
-    assert split["data_shards"] == 2 and update_split(mesh, 6, group=2) == {"data_shards": 1}
+    assert split["mesh"] is mesh and split["data_axis"] == "data" and update_split(mesh, 6, group=2) == {}
 
     def logprobs(p, rows):
         return linear_softmax_logprobs({"w": p["w"] + p["bias"]}, rows)

@@ -54,9 +54,10 @@ _forward = jax.jit(tr.apply, static_argnums=0)
 
 def _uncached_logits(graphdef, params, sequence: np.ndarray, length: int) -> np.ndarray:
     """f32[V]: next-token logits after sequence[:length], from a full causal forward without cache."""
-    buffer = np.zeros((1, 16), np.int32)
+    width = 16 if length <= 16 else 64
+    buffer = np.zeros((1, width), np.int32)
     buffer[0, :length] = sequence[:length]
-    positions = jnp.arange(16)[None]
+    positions = jnp.arange(width)[None]
     logits, _ = _forward(graphdef, params, jnp.asarray(buffer), positions, None)
     return np.asarray(logits[0, length - 1], np.float64)
 
@@ -99,6 +100,42 @@ def test_greedy_matches_uncached_argmax_reference(model, batch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("write_from, steps, cache_length", [(6, 6, 12), (7, 28, 35), (6, 40, 46), (0, 1024, 1224),
+                                                           (128, 8, 135), (15, 2, 17), (3, 1, 4), (16, 17, 33)])
+def test_decode_phases_run_every_step_once_and_read_the_slots_it_needs(write_from, steps, cache_length):
+    phases = sm.decode_phases(write_from, steps, cache_length)
+    covered = [step for start, end, _ in phases for step in range(start, end)]
+    assert covered == list(range(1, steps))   # every step after the first, once, in order
+    block = sm.DECODE_BLOCK * max(1, -(-cache_length // (sm.DECODE_MAX_PHASES * sm.DECODE_BLOCK)))
+    for start, end, slots in phases:
+        assert start < end and write_from + end - 1 <= slots <= cache_length   # the last step reads slots < that
+        assert slots == cache_length or slots % block == 0
+        assert slots == cache_length or end == steps or write_from + end > slots   # a phase uses its slots
+    assert [slots for *_, slots in phases] == sorted({slots for *_, slots in phases})
+    assert len(phases) <= sm.DECODE_MAX_PHASES + 1
+
+
+def test_a_decode_in_phases_matches_the_uncached_reference_and_one_phase(model, batch, monkeypatch):
+    """40 new tokens after 6-token prompts read a 46-slot cache in three phases (16, 32, 46 slots):
+    greedy tokens and log-probs match full uncached forwards, and sampling draws what one phase over
+    the whole cache draws."""
+    _, graphdef, params = model
+    real, prompts, mask = batch
+    assert [slots for *_, slots in sm.decode_phases(6, 40, 46)] == [16, 32, 46]
+    greedy = _sample(graphdef, params, prompts, mask, greedy=True, max_new_tokens=40)
+    for row, prompt in enumerate(real):
+        tokens, logprobs = _greedy_reference(graphdef, params, prompt, 40)
+        np.testing.assert_array_equal(np.asarray(greedy.tokens[row]), tokens)
+        np.testing.assert_allclose(np.asarray(greedy.logprobs[row]), logprobs, atol=5e-5)
+    phased = sm.sample(graphdef, params, prompts, mask, jax.random.key(3), max_new_tokens=40, eos_id=5, pad_id=PAD)
+    monkeypatch.setattr(sm, "decode_phases", lambda write_from, steps, length: [(1, steps, length)])
+    single = sm.sample(graphdef, params, prompts, mask, jax.random.key(3), max_new_tokens=40, eos_id=5, pad_id=PAD)
+    np.testing.assert_array_equal(np.asarray(phased.tokens), np.asarray(single.tokens))
+    np.testing.assert_array_equal(np.asarray(phased.mask), np.asarray(single.mask))
+    assert int(phased.lengths.max()) > 16   # some row reads past the first phase
+    np.testing.assert_allclose(np.asarray(phased.logprobs), np.asarray(single.logprobs), rtol=1e-5, atol=1e-5)
+
+
 def test_eos_ends_each_row_and_later_tokens_are_masked_pad(model, batch):
     _, graphdef, params = model
     real, prompts, mask = batch

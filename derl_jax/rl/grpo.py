@@ -17,15 +17,17 @@ Pieces, each usable on its own:
   aggregate           token-level -> scalar loss under three normalisations
   grpo_loss           the full objective for a caller-supplied `logprob_fn`
   grpo_loss_sums      the same as sums over rows and their counts (shards add up)
+  psum_in_buckets     a tree summed over a mesh axis in a few flat buffers
   grpo_update         epochs x minibatches optimizer steps inside one `lax.scan`
 
-Rows split over a 'data' mesh axis (`grpo_update(..., data_shards=D)`): every loss term is a
-weighted token sum divided by a count (`token_weights`), and weights and counts are per row,
-so the minibatch is cut into D row shards, each shard's gradient of the sum, metric sums and
-counts are taken where its rows live (a `vmap` over shards told `spmd_axis_name`), and all of
-them are summed over the shards before the division. The sum runs over everything packed into
-a few flat buffers (`sum_over_shards`), which a mesh reduces with one all-reduce per buffer
-instead of one per parameter array, and with no collective between sampling and gradient.
+Rows split over a 'data' mesh axis (`grpo_update(..., mesh=mesh, data_axis='data')`): every
+loss term is a weighted token sum divided by a count (`token_weights`), and weights and counts
+are per row, so each device takes the gradient of its own rows' sum, their metric sums and
+counts (`grpo_loss_sums`, inside a `shard_map` over the axis: each device runs the program of
+its own rows, as one device would), and all of them are summed over the axis before the
+division. The sum runs over everything packed into a few flat buffers (`psum_in_buckets`): one
+all-reduce per buffer instead of one per parameter array, and no collective between sampling
+and gradient.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, PartitionSpec
 
 from derl_jax.config import field_error
 
@@ -48,7 +51,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 # k3 exponentiates the log-ratio; beyond |20| exp() over/underflows float32 gradients.
 K3_LOG_RATIO_BOUND = 20.0
 
-# gradients summed over row shards are packed into flat buffers of at most this many bytes
+# gradients summed over a 'data' mesh axis are packed into flat buffers of at most this many bytes
 GRAD_BUCKET_BYTES = 25 * 2**20
 
 LogprobFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]
@@ -449,19 +452,19 @@ def grpo_loss(
     return loss_sum / jnp.maximum(counts["loss"], 1.0), normalized(sums, counts)
 
 
-def sum_over_shards(tree: Any, bucket_bytes: int = GRAD_BUCKET_BYTES) -> Any:
-    """The sum over the leading axis D of every leaf of `tree` ([D, ...] -> [...]).
+def psum_in_buckets(tree: Any, axis_name: str, bucket_bytes: int = GRAD_BUCKET_BYTES) -> Any:
+    """`jax.lax.psum(tree, axis_name)` (inside a `shard_map` over that mesh axis) in flat buffers.
 
     Leaves are packed, in order, into flat f32 buffers of at most `bucket_bytes` (a leaf larger
-    than that gets one of its own) and each buffer is summed as one array: when D is a mesh
-    axis that is one all-reduce per buffer, not one per leaf. `bucket_bytes` = 0 sums every
-    leaf on its own (for leaves sharded over another mesh axis, which a flat buffer would
-    gather).
+    than that gets one of its own) and each buffer is summed as one array: one all-reduce per
+    buffer, not one per leaf (XLA:CPU's in-process collectives are slow at many small ones).
+    `bucket_bytes` = 0 sums every leaf on its own (for leaves sharded over another mesh axis,
+    which a flat buffer would gather). Every leaf keeps its shape and dtype.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if bucket_bytes <= 0:
-        return jax.tree_util.tree_unflatten(treedef, [leaf.sum(axis=0) for leaf in leaves])
-    sizes = [math.prod(leaf.shape[1:]) for leaf in leaves]
+        return jax.tree_util.tree_unflatten(treedef, [jax.lax.psum(leaf, axis_name) for leaf in leaves])
+    sizes = [math.prod(jnp.shape(leaf)) for leaf in leaves]
     buckets, filled = [[]], 0
     for index, size in enumerate(sizes):
         if buckets[-1] and (filled + size) * 4 > bucket_bytes:
@@ -471,11 +474,10 @@ def sum_over_shards(tree: Any, bucket_bytes: int = GRAD_BUCKET_BYTES) -> Any:
         filled += size
     summed = [None] * len(leaves)
     for bucket in buckets:
-        total = jnp.concatenate([leaves[i].reshape(leaves[i].shape[0], -1).astype(jnp.float32) for i in bucket],
-                                axis=1).sum(axis=0)
+        total = jax.lax.psum(jnp.concatenate([jnp.ravel(leaves[i]).astype(jnp.float32) for i in bucket]), axis_name)
         start = 0
         for i in bucket:
-            summed[i] = total[start:start + sizes[i]].reshape(leaves[i].shape[1:]).astype(leaves[i].dtype)
+            summed[i] = total[start:start + sizes[i]].reshape(jnp.shape(leaves[i])).astype(leaves[i].dtype)
             start += sizes[i]
     return jax.tree_util.tree_unflatten(treedef, summed)
 
@@ -507,8 +509,9 @@ def grpo_update(
     optimizer: optax.GradientTransformation,
     cfg: GRPOConfig,
     *,
-    data_shards: int = 1,
+    mesh: Mesh | None = None,
     data_axis: str | None = None,
+    manual_axes: tuple[str, ...] = (),
     bucket_bytes: int = GRAD_BUCKET_BYTES,
 ) -> tuple[Any, optax.OptState, dict[str, jax.Array]]:
     """cfg.epochs passes over a rollout batch, cfg.minibatches optimizer steps per pass.
@@ -519,13 +522,15 @@ def grpo_update(
     jit-compiles once and vmaps over independent policies (params, opt_state, batch, key with
     a leading axis).
 
-    data_shards = D > 1 cuts each minibatch into D consecutive row shards (the layout of rows
-    sharded over a mesh axis, named by `data_axis`), takes each shard's gradient of the loss as
-    a sum (`grpo_loss_sums`), its metric sums and counts, sums them over the shards in one go
-    with `sum_over_shards(..., bucket_bytes)` (module docstring) and then divides by the
-    counts: on a mesh, one all-reduce per flat buffer and no other collective before the
-    division. The result equals D = 1 up to float rounding.
-    `logprob_fn` then sees N / (M*D) rows at a time.
+    With a `mesh` and its `data_axis` of size D, each minibatch's rows are cut into D
+    consecutive shards, one per device along that axis (the layout of rows sharded over it):
+    inside a `shard_map` (manual over `data_axis` and `manual_axes`, e.g. a candidate axis a
+    caller vmaps over with `spmd_axis_name`; automatic over the others, which may shard the
+    parameters) each device takes its rows' gradient of the loss as a sum (`grpo_loss_sums`),
+    their metric sums and counts, sums them over the axis in one go with
+    `psum_in_buckets(..., bucket_bytes)` and then divides by the counts: one all-reduce per flat
+    buffer and no other collective before the division. The result equals the unsplit update
+    up to float rounding. `logprob_fn` then sees N / (M*D) rows at a time.
     Returns (params, opt_state, metrics averaged over the steps, with grad_norm added).
     """
     if "mask" not in batch:
@@ -537,19 +542,28 @@ def grpo_update(
                 f"grpo_update: batch[{name!r}] has shape {jnp.shape(leaf)}, expected leading axis N={num_rows}"
             )
     order = minibatch_indices(key, num_rows, cfg.epochs, cfg.minibatches)
-    if data_shards < 1 or order.shape[1] % data_shards:
-        raise ValueError(f"grpo_update: minibatches of {order.shape[1]} rollouts do not split into "
-                         f"data_shards={data_shards} equal parts")
+    if mesh is not None:
+        if data_axis not in mesh.shape:
+            raise ValueError(f"grpo_update: data_axis={data_axis!r} is not an axis of the mesh {dict(mesh.shape)}")
+        if order.shape[1] % mesh.shape[data_axis]:
+            raise ValueError(f"grpo_update: minibatches of {order.shape[1]} rollouts do not split over the "
+                             f"{mesh.shape[data_axis]} devices of mesh axis {data_axis!r}")
     loss_grad = jax.grad(grpo_loss, has_aux=True)
     sums_grad = jax.grad(grpo_loss_sums, has_aux=True)
 
+    def summed_over_devices(params, rows):
+        grads, (sums, counts) = sums_grad(params, rows, logprob_fn, cfg)
+        return psum_in_buckets((grads, sums, counts), data_axis, bucket_bytes)
+
     def minibatch_grads(params, minibatch):
-        if data_shards == 1:
+        if mesh is None:
             return loss_grad(params, minibatch, logprob_fn, cfg)
-        split = lambda x: x.reshape(data_shards, x.shape[0] // data_shards, *x.shape[1:])
-        shard_grads = jax.vmap(lambda rows: sums_grad(params, rows, logprob_fn, cfg), spmd_axis_name=data_axis)
-        grads, (sums, counts) = sum_over_shards(shard_grads(jax.tree_util.tree_map(split, dict(minibatch))),
-                                                bucket_bytes)
+        # check_vma=False: the gradient of the replicated parameters stays each device's own
+        # (with the check it would be summed over the axis leaf by leaf) until psum_in_buckets
+        over_devices = jax.shard_map(summed_over_devices, mesh=mesh,
+                                     in_specs=(PartitionSpec(), PartitionSpec(data_axis)), out_specs=PartitionSpec(),
+                                     axis_names={data_axis, *manual_axes}, check_vma=False)
+        grads, sums, counts = over_devices(params, dict(minibatch))
         scale = 1.0 / jnp.maximum(counts["loss"], 1.0)
         return jax.tree_util.tree_map(lambda g: (g * scale).astype(g.dtype), grads), normalized(sums, counts)
 

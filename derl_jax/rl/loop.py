@@ -41,8 +41,8 @@ it runs K/c chunks one after another (`derl_jax.rl.placement.map_candidates`).
 
 Sharding: with a mesh (axes 'cand', 'data', 'model', see `derl_jax.parallel`) the candidate
 axis runs over 'cand' (the vmap is told `spmd_axis_name='cand'`) and every batch of prompts
-and rollouts inside a policy's loop is constrained to 'data'. The update takes each data
-shard's gradient where its rows live and sums them in flat buffers
+and rollouts inside a policy's loop is constrained to 'data'. The update takes each device's
+gradient of its own rows (a `shard_map` over 'data') and sums them in flat buffers
 (`derl_jax.rl.placement.update_split`).
 
 Host-scored domains ("host") train through `derl_jax.rl.host_loop` with the same config,

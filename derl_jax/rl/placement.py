@@ -179,14 +179,16 @@ def update_split(mesh: Mesh | None, rows: int, group: int = 1) -> dict[str, Any]
     """Keyword arguments of `grpo.grpo_update` for minibatches of `rows` rows on `mesh`.
 
     With a 'data' axis of size D > 1 that divides the minibatch into shards of whole groups of
-    `group` rows (the prefill groups `logprob_fn` relies on), each shard's gradient is taken
-    where its rows live and the gradients are summed in flat buffers; the buffers hold whole
-    parameters only while the 'model' axis is 1 (otherwise every parameter is summed on its
-    own, keeping its 'model' sharding). Otherwise D = 1: XLA reduces the gradient of the
-    sharded batch itself.
+    `group` rows (the prefill groups `logprob_fn` relies on), each device takes its own rows'
+    gradient (a `shard_map` manual over 'data' and, on a mesh that has one, 'cand', the axis
+    candidates are vmapped over) and the gradients are summed in flat buffers; the buffers hold
+    whole parameters only while the 'model' axis is 1 (otherwise every parameter is summed on
+    its own, keeping its 'model' sharding). Otherwise no split ({}): XLA reduces the gradient
+    of the sharded batch itself.
     """
     data = 1 if mesh is None else int(mesh.shape[DATA_AXIS])
     if data == 1 or rows % (data * group):
-        return {"data_shards": 1}
+        return {}
     flat = int(mesh.shape[MODEL_AXIS]) == 1
-    return {"data_shards": data, "data_axis": DATA_AXIS, "bucket_bytes": GRAD_BUCKET_BYTES if flat else 0}
+    return {"mesh": mesh, "data_axis": DATA_AXIS, "manual_axes": tuple(a for a in (CAND_AXIS,) if a in mesh.shape),
+            "bucket_bytes": GRAD_BUCKET_BYTES if flat else 0}
