@@ -153,7 +153,7 @@ PREDRAWN_NOISE_MAX_ELEMENTS = 1 << 24  # 64 MiB of float32
 
 
 DECODE_BLOCK = 16
-DECODE_MAX_PHASES = 8
+DECODE_MAX_PHASES = 4   # each phase compiles its own copy of the decode step
 
 
 def decode_phases(write_from: int, max_new_tokens: int, cache_length: int) -> list[tuple[int, int, int]]:
@@ -164,7 +164,7 @@ def decode_phases(write_from: int, max_new_tokens: int, cache_length: int) -> li
     slots: the fewest that hold its last step's, rounded up to a block of DECODE_BLOCK slots (a
     multiple of it when that would give more than about DECODE_MAX_PHASES phases), or the whole
     cache. Early steps then skip the cache's empty end: about 3% of a 128-completion arith step
-    on a CPU, and close to half of the decode's attention when the generation is long.
+    on a CPU, and over a third of the decode's attention when the generation is long.
     """
     block = DECODE_BLOCK * max(1, -(-cache_length // (DECODE_MAX_PHASES * DECODE_BLOCK)))
     phases, step = [], 1
