@@ -461,9 +461,9 @@ def psum_in_buckets(tree: Any, axis_name: str, bucket_bytes: int = GRAD_BUCKET_B
     `bucket_bytes` = 0 sums every leaf on its own (for leaves sharded over another mesh axis,
     which a flat buffer would gather). Every leaf keeps its shape and dtype.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
     if bucket_bytes <= 0:
-        return jax.tree_util.tree_unflatten(treedef, [jax.lax.psum(leaf, axis_name) for leaf in leaves])
+        return jax.lax.psum(tree, axis_name)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
     sizes = [math.prod(jnp.shape(leaf)) for leaf in leaves]
     buckets, filled = [[]], 0
     for index, size in enumerate(sizes):

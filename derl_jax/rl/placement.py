@@ -190,5 +190,5 @@ def update_split(mesh: Mesh | None, rows: int, group: int = 1) -> dict[str, Any]
     if data == 1 or rows % (data * group):
         return {}
     flat = int(mesh.shape[MODEL_AXIS]) == 1
-    return {"mesh": mesh, "data_axis": DATA_AXIS, "manual_axes": tuple(a for a in (CAND_AXIS,) if a in mesh.shape),
+    return {"mesh": mesh, "data_axis": DATA_AXIS, "manual_axes": (CAND_AXIS,) if CAND_AXIS in mesh.shape else (),
             "bucket_bytes": GRAD_BUCKET_BYTES if flat else 0}
