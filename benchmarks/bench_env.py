@@ -26,6 +26,8 @@ Rows:
                    run_s_max their range. With --baseline DIR the same script times DIR's code
                    (an earlier checkout) at BASELINE_VARIANTS, the two trees in turns, and the
                    summary gives each of this tree's variants against the baseline's default.
+                   TWO_DEVICE_VARIANTS: the default with a step's rollouts over 2 host devices
+                   (both trees), as a run on a 2-core host splits them.
 """
 
 from __future__ import annotations
@@ -204,14 +206,21 @@ BASELINE_VARIANTS = (
     ("default (window W=2, prompt_budget=128)", {}),
     ("window W=2, prompt_budget=0 (the whole window)", {"prompt_budget": 0}),
 )
+# the default with a step's rollouts over two host devices (what a run on a 2-core host gets),
+# both trees, in a subprocess of its own
+TWO_DEVICE_VARIANTS = (("default, rollouts over 2 host devices", {}),)
+TWO_DEVICES = 2
 
 
-def run_inner_steps(tree: str, variants, repeats: int) -> list[dict]:
+def run_inner_steps(tree: str, variants, repeats: int, data: int = 1) -> list[dict]:
     """`benchmarks/inner_step.py` of this tree run on the code of `tree` (its directory first on
-    the path) for `variants`: one subprocess, every variant compiled, then timed in turns."""
-    spec = {"preset": "default", "steps": 1, "repeats": repeats,
+    the path) for `variants`: one subprocess, every variant compiled, then timed in turns; with
+    `data` > 1 the process has that many host devices and the rollouts split over them."""
+    spec = {"preset": "default", "steps": 1, "repeats": repeats, "data": data,
             "variants": [{"label": label, "domain": domain} for label, domain in variants]}
     env = dict(os.environ, PYTHONPATH=tree)
+    if data > 1:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={data}".strip()
     done = subprocess.run([sys.executable, INNER_STEP_SCRIPT, json.dumps(spec)], cwd=tree, env=env,
                           capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("INNER_STEP ")]
@@ -223,13 +232,14 @@ def run_inner_steps(tree: str, variants, repeats: int) -> list[dict]:
 def inner_step_rows(rounds: int, repeats: int, baseline: str | None) -> tuple[list[dict], dict]:
     """Rows of this tree's INNER_STEP_VARIANTS (and the baseline's BASELINE_VARIANTS), each tree
     run `rounds` times in turns; the summary's ratios are against the baseline's default."""
-    trees = [("this tree", REPO, INNER_STEP_VARIANTS)]
+    trees = [("this tree", REPO, INNER_STEP_VARIANTS, 1), ("this tree", REPO, TWO_DEVICE_VARIANTS, TWO_DEVICES)]
     if baseline:
-        trees.append(("baseline", os.path.abspath(baseline), BASELINE_VARIANTS))
+        trees += [("baseline", os.path.abspath(baseline), BASELINE_VARIANTS, 1),
+                  ("baseline", os.path.abspath(baseline), TWO_DEVICE_VARIANTS, TWO_DEVICES)]
     timed: dict[tuple[str, str], dict] = {}
     for _ in range(rounds):
-        for name, tree, variants in trees:
-            for result in run_inner_steps(tree, variants, repeats):
+        for name, tree, variants, data in trees:
+            for result in run_inner_steps(tree, variants, repeats, data):
                 entry = timed.setdefault((name, result["label"]), {**result, "run_s": [], "compile_s": []})
                 entry["run_s"] += result["run_s"]
                 entry["compile_s"].append(result["compile_s"])
@@ -248,6 +258,9 @@ def inner_step_rows(rounds: int, repeats: int, baseline: str | None) -> tuple[li
         summary["baseline_default_step_s"] = base_s
         for label, _ in INNER_STEP_VARIANTS:
             summary[f"speedup vs baseline default: {label}"] = base_s / statistics.median(timed[("this tree", label)]["run_s"])
+        label = TWO_DEVICE_VARIANTS[0][0]
+        summary[f"speedup vs baseline: {label}"] = (statistics.median(timed[("baseline", label)]["run_s"])
+                                                    / statistics.median(timed[("this tree", label)]["run_s"]))
     return rows, summary
 
 

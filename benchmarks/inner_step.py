@@ -5,7 +5,9 @@ its own tree, so `bench_env.py --baseline DIR` runs it against an earlier checko
                                       "variants": [{"label": "default", "domain": {}}]}'
 
 For every variant (overrides of `config.domain`): build the domain and a scratch policy,
-jit `InnerLoop.train` for `steps` steps, run it once (compile), then `repeats` times, each
+jit `InnerLoop.train` for `steps` steps (with `"data": D` > 1 in the spec, on a mesh whose
+'data' axis holds D host devices, the rollouts of a step split over them, as a run on a
+D-core host gets by default; the caller sets XLA's host device count), run it once (compile), then `repeats` times, each
 timed; variants are timed in turns (round r of every variant, then round r + 1), so a drift
 in the host's speed reaches them alike. Prints one JSON line: per variant the compile
 seconds, every run's seconds and the prompt length. Every call uses the same inputs (same
@@ -19,9 +21,10 @@ import sys
 import time
 
 
-def build(preset: str, steps: int, domain: dict):
+def build(preset: str, steps: int, domain: dict, data: int = 1):
     """() -> blocked train call, and the built domain, of one variant."""
     import jax
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from configs import household
     from derl_jax.domains.registry import get_domain
@@ -36,17 +39,24 @@ def build(preset: str, steps: int, domain: dict):
     cfg.domain.update(domain)
     built = get_domain("household").build(cfg)
     graphdef, params = init_params(sft.policy_model_config(built, cfg.policy), jax.random.key(0))
-    loop = make_inner_loop(built, graphdef, inner_config(cfg, built.max_new_tokens))
+    mesh = None
+    if data > 1:
+        from derl_jax.parallel import make_mesh
+        mesh = make_mesh(1, data, 1)
+    loop = make_inner_loop(built, graphdef, inner_config(cfg, built.max_new_tokens), mesh)
     program = compile_expr(parse("g1", built.primitive_names))
     train = jax.jit(loop.train)
-    key = jax.random.key(1)
-    return (lambda: jax.block_until_ready(train(params, program, key, built.train))), built, cfg
+    inputs = (params, program, jax.random.key(1), built.train)
+    if mesh is not None:
+        inputs = jax.device_put(inputs, NamedSharding(mesh, PartitionSpec()))
+    return (lambda: jax.block_until_ready(train(*inputs))), built, cfg
 
 
 def main(spec: dict) -> dict:
     runs = []
     for variant in spec["variants"]:
-        call, built, cfg = build(spec.get("preset", "default"), int(spec.get("steps", 1)), variant.get("domain", {}))
+        call, built, cfg = build(spec.get("preset", "default"), int(spec.get("steps", 1)), variant.get("domain", {}),
+                                 int(spec.get("data", 1)))
         start = time.perf_counter()
         call()
         runs.append({"label": variant["label"], "domain": variant.get("domain", {}),

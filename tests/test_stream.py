@@ -173,17 +173,14 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
                                         completions, mask, weights, temperature)
 
 
-@pytest.mark.parametrize("temperature, chunks", [(1.0, 1), (0.7, 3)])
-def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks):
-    """A shared prefix (left padded, of different lengths), then each row's own block (real tokens
-    to the right, one row with none) and completion: log-probs, entropies and gradients equal
-    `sequence_logprobs` of every row written out as one prompt."""
-    graphdef, params = tiny_model(seed=4)
-    rng = np.random.default_rng(4)
-    batch, turns, width, length = 3, 4, 6, 3
-    prefix_rows = [rng.integers(2, VOCAB, n).tolist() for n in (5, 2, 7)]
+def prefixed_rows(rng, batch: int, turns: int, width: int, length: int, longest: int | None = None):
+    """Rows that share a prefix: prefix token lists (of different lengths) left padded to 8, each
+    row's block of 0..`longest` (default `width`) real tokens packed to the right of `width`
+    columns (row (1, 2) empty), completions and their masks (a prefix of True per row)."""
+    longest = width if longest is None else longest
+    prefix_rows = [rng.integers(2, VOCAB, n).tolist() for n in rng.integers(1, 9, batch)]
     prefix, prefix_mask = left_padded(prefix_rows, 8)
-    block_rows = [[rng.integers(2, VOCAB, rng.integers(0, width + 1)).tolist() for _ in range(turns)]
+    block_rows = [[rng.integers(2, VOCAB, rng.integers(0, longest + 1)).tolist() for _ in range(turns)]
                   for _ in range(batch)]
     block_rows[1][2] = []
     blocks = np.full((batch, turns, width), PAD, np.int32)
@@ -195,16 +192,71 @@ def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature,
             row = block_rows[b][s]
             blocks[b, s, width - len(row):], block_mask[b, s, width - len(row):] = row, True
     completions = np.where(mask, completions, PAD)
+    written_out = [prefix_rows[b] + block_rows[b][s] for b in range(batch) for s in range(turns)]
+    return prefix, prefix_mask, blocks, block_mask, completions, mask, written_out
+
+
+@pytest.mark.parametrize("temperature, chunks, groups, widths",
+                         [(1.0, 1, 1, 1), (0.7, 3, 1, 1), (1.0, 2, 8, 4), (0.7, 3, 5, 6), (1.0, 3, 3, 2)])
+def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks, groups, widths):
+    """A shared prefix (left padded, of different lengths), then each row's own block (real tokens
+    to the right, one row with none) and completion: log-probs, entropies and gradients equal
+    `sequence_logprobs` of every row written out as one prompt, whether every row runs at the
+    block's width or the rows run in groups by block length, each cut to a width of its own
+    (12 rows in 8, 5 or 3 groups: groups of one to four rows, the last padded)."""
+    graphdef, params = tiny_model(seed=4)
+    rng = np.random.default_rng(4)
+    prefix, prefix_mask, blocks, block_mask, completions, mask, rows = prefixed_rows(rng, 3, 4, 6, 3)
     weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
 
     def shared(p):
         return streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, jnp.asarray(blocks), jnp.asarray(block_mask),
-                                         jnp.asarray(completions), jnp.asarray(mask), temperature, chunks=chunks)
+                                         jnp.asarray(completions), jnp.asarray(mask), temperature, chunks=chunks,
+                                         groups=groups, widths=widths)
 
-    assert mask.any(axis=-1).sum() > batch and mask[1, 2].any()
-    assert_scored_like_written_out_rows(graphdef, params, shared, [prefix_rows[b] + block_rows[b][s] for b in range(batch)
-                                                                   for s in range(turns)],
-                                        completions, mask, weights, temperature)
+    assert mask.any(axis=-1).sum() > 3 and mask[1, 2].any()
+    lengths = block_mask.sum(-1)
+    assert lengths.min() == 0 and lengths.max() > 4   # groups cut to the narrowest and to the full width
+    assert_scored_like_written_out_rows(graphdef, params, shared, rows, completions, mask, weights, temperature)
+
+
+def test_block_widths_hold_every_length_up_to_the_width():
+    assert streams.block_widths(84, 4) == (21, 42, 63, 84)
+    assert streams.block_widths(6, 4) == (2, 3, 5, 6)
+    assert streams.block_widths(3, 6) == (1, 2, 3)
+    assert streams.block_widths(7, 1) == (7,)
+    with pytest.raises(ValueError, match="count must be an int >= 1"):
+        streams.block_widths(8, 0)
+
+
+def test_policies_mapped_side_by_side_take_one_width_per_group():
+    """Under `vmap` over policies and their rows, each group's width is the widest any policy
+    needs (one branch of the switch runs, not every branch with a select), and every policy's
+    log-probs and gradients equal its own unmapped call."""
+    graphdef, params = tiny_model(seed=6)
+    _, other = tiny_model(seed=7)
+    stacked = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), params, other)
+    rng = np.random.default_rng(6)
+    short = prefixed_rows(rng, 2, 4, 8, 3, longest=2)[:6]
+    long = prefixed_rows(rng, 2, 4, 8, 3)[:6]
+    both = tuple(jnp.stack([jnp.asarray(a), jnp.asarray(b)]) for a, b in zip(short, long))
+
+    def weighted_grad(p, prefix, prefix_mask, blocks, block_mask, completions, mask):
+        def loss(p):
+            logp, _ = streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, blocks, block_mask, completions,
+                                                mask, groups=2, widths=4)
+            return jnp.sum(logp * jnp.arange(1.0, logp.size + 1).reshape(logp.shape) / logp.size), logp
+        return jax.grad(loss, has_aux=True)(p)
+
+    mapped = jax.vmap(weighted_grad)
+    jaxpr = str(jax.make_jaxpr(mapped)(stacked, *both))
+    assert "cond[" in jaxpr   # with a mapped index every branch would run and a select_n pick one
+    grads, logp = jax.jit(mapped)(stacked, *both)
+    for k, (p, rows) in enumerate([(params, short), (other, long)]):
+        want_grads, want_logp = jax.jit(weighted_grad)(p, *map(jnp.asarray, rows))
+        np.testing.assert_allclose(np.asarray(logp[k]), np.asarray(want_logp), rtol=1e-5, atol=1e-6)
+        for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads), strict=True):
+            np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
 def assert_scored_like_written_out_rows(graphdef, params, scored, rows, completions, mask, weights, temperature):
