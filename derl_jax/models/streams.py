@@ -244,15 +244,15 @@ def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Arr
                       blocks: jax.Array, block_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
                       temperature: float = 1.0, chunks: int = PREFIXED_CHUNKS, groups: int = PREFIXED_GROUPS,
                       widths: int = PREFIXED_WIDTHS) -> tuple[jax.Array, jax.Array]:
-    """Teacher-forced (logp, entropy) f32[B, S, T] of rows that share a prefix: row s of group b is
+    """Teacher-forced (logp, entropy) f32[B, S, T] of rows that share a prefix: row (b, s) is
     the prefix b (prefix i32[B, Tp] / prefix_mask bool[B, Tp], left padded), then its own block
     (blocks i32[B, S, H] / block_mask bool[B, S, H], its real tokens packed to the right), and its
     completion (completions i32[B, S, T] / completion_mask bool[B, S, T], a prefix of True).
 
     Equals `sequence_logprobs` of every row with the prompt prefix + block written out
-    (the real tokens, left padded), up to float rounding, and so do the gradients; the prefix runs
-    through the model once per group, its keys and values read by every row of the group (their
-    gradients summed). Both outputs are 0 where completion_mask is False.
+    (the real tokens, left padded), up to float rounding, and so do the gradients; each prefix
+    runs through the model once, its keys and values read by its S rows (their gradients
+    summed). Both outputs are 0 where completion_mask is False.
 
     Blocks are mostly shorter than H, and their padding need not run: the B*S rows, sorted by
     their block's real length, are cut into `groups` groups of near-equal size, and each group
