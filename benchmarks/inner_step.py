@@ -8,8 +8,8 @@ For every variant (overrides of `config.domain`): build the domain and a scratch
 jit `InnerLoop.train` for `steps` steps, run it once (compile), then `repeats` times, each
 timed. With `"data": D` > 1 in the spec the loop runs on a mesh whose 'data' axis holds D host
 devices, a step's rollouts split over them as a run on a D-core host splits them by default
-(the caller sets XLA's host device count). Variants are timed in turns (round r of every variant, then round r + 1), so a drift
-in the host's speed reaches them alike. Prints one JSON line: per variant the compile
+(the caller sets XLA's host device count). Variants are timed in turns (round r of every
+variant, then round r + 1), so a drift in the host's speed reaches them alike. Prints one JSON line: per variant the compile
 seconds, every run's seconds and the prompt length. Every call uses the same inputs (same
 key), so the runs repeat the same work.
 """
