@@ -4,14 +4,14 @@ its own tree, so `bench_env.py --baseline DIR` runs it against an earlier checko
     python benchmarks/inner_step.py '{"preset": "default", "steps": 1, "repeats": 5,
                                       "variants": [{"label": "default", "domain": {}}]}'
 
-For every variant (overrides of `config.domain`): build the domain and a scratch policy,
-jit `InnerLoop.train` for `steps` steps, run it once (compile), then `repeats` times, each
-timed. With `"data": D` > 1 in the spec the loop runs on a mesh whose 'data' axis holds D host
+For every variant (overrides of `config.domain`): build the domain and a scratch policy, jit
+`InnerLoop.train` for `steps` steps, run it once (compile), then `repeats` times, each timed.
+With `"data": D` > 1 in the spec the loop runs on a mesh whose 'data' axis holds D host
 devices, a step's rollouts split over them as a run on a D-core host splits them by default
 (the caller sets XLA's host device count). Variants are timed in turns (round r of every
-variant, then round r + 1), so a drift in the host's speed reaches them alike. Prints one JSON line: per variant the compile
-seconds, every run's seconds and the prompt length. Every call uses the same inputs (same
-key), so the runs repeat the same work.
+variant, then round r + 1), so a drift in the host's speed reaches them alike. Prints one JSON
+line: per variant the compile seconds, every run's seconds and the prompt length. Every call
+uses the same inputs (same key), so the runs repeat the same work.
 """
 
 from __future__ import annotations
