@@ -74,28 +74,68 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(want.logprobs), rtol=1e-5, atol=1e-5)
 
 
-def test_appending_in_rounds_of_a_few_tokens_gives_the_same_stream():
-    """A chunk appended `width` valid tokens per row at a time (as many rounds as its fullest row
-    needs) leaves the stream one `append` of the whole chunk leaves."""
+def test_a_chunk_packed_to_its_fullest_row_gives_the_same_stream():
+    """A chunk's valid tokens packed to the front and run at the least width that holds its
+    fullest row leave the stream one `append` of the whole chunk leaves (rows not live keep
+    theirs), whichever width that is."""
     graphdef, params = tiny_model()
     rng = np.random.default_rng(4)
     stream = streams.start_stream(graphdef, params, 3, 40, 3, PAD)
     first, first_valid = random_chunk(rng, 3, 6)
     stream = streams.append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
-    tokens, valid = random_chunk(rng, 3, 11, empty_rows=(2,))
-    live = jnp.array([True, True, False])
-    whole = streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
-    rounds = jax.jit(streams.append_in_rounds, static_argnums=(0, 5))(
-        graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), 3, live)
-    assert int(valid[0].sum()) > 3   # row 0 needs more than one round
-    for name in ("tokens", "valid", "length"):
-        np.testing.assert_array_equal(np.asarray(getattr(rounds, name)), np.asarray(getattr(whole, name)), err_msg=name)
-    np.testing.assert_allclose(np.asarray(rounds.last_hidden), np.asarray(whole.last_hidden), rtol=1e-5, atol=1e-5)
-    held = np.asarray(whole.valid)
-    for layer in range(2):
-        for got, want in ((rounds.cache.k[layer], whole.cache.k[layer]), (rounds.cache.v[layer], whole.cache.v[layer])):
-            got, want = np.moveaxis(np.asarray(got)[:, :, :40], 2, 1), np.moveaxis(np.asarray(want)[:, :, :40], 2, 1)
-            np.testing.assert_allclose(got[held], want[held], rtol=1e-5, atol=1e-5)
+    assert streams.block_widths(11, 4) == (3, 6, 9, 11)
+    packed = jax.jit(streams.append_packed, static_argnums=(0, 5))
+    for most in (2, 5, 11):   # the widths 3, 6 and 11 run
+        tokens, valid = random_chunk(rng, 3, 11, empty_rows=(2,))
+        valid &= np.cumsum(valid, axis=1) <= most
+        valid[0, -most:] = True   # row 0 holds `most` (or more, at 11) valid tokens
+        valid[0, :-most] = False
+        live = jnp.array([True, True, False])
+        whole = streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
+        got = packed(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), 4, live)
+        assert int(valid[:2].sum(axis=1).max()) == most
+        for name in ("tokens", "valid", "length"):
+            np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(whole, name)),
+                                          err_msg=name)
+        np.testing.assert_allclose(np.asarray(got.last_hidden), np.asarray(whole.last_hidden), rtol=1e-5, atol=1e-5)
+        held = np.asarray(whole.valid)
+        for layer in range(2):
+            for mine, want in ((got.cache.k[layer], whole.cache.k[layer]), (got.cache.v[layer], whole.cache.v[layer])):
+                mine, want = np.moveaxis(np.asarray(mine)[:, :, :40], 2, 1), np.moveaxis(np.asarray(want)[:, :, :40], 2, 1)
+                np.testing.assert_allclose(mine[held], want[held], rtol=1e-5, atol=1e-5)
+
+
+def test_decoding_reads_the_slots_streams_hold_and_maps_one_read_over_streams():
+    """`stream_decode` reading the least of 4 slot counts that holds the streams draws what it
+    draws reading all slots, for short and long streams; under `vmap` over streams of
+    different lengths one read runs (a `cond` stays in the jaxpr) and every stream draws what
+    it draws alone."""
+    graphdef, params = tiny_model()
+    rng = np.random.default_rng(8)
+    decode = jax.jit(streams.stream_decode, static_argnums=0, static_argnames=("max_new_tokens", "eos_id", "pad_id",
+                                                                               "reads"))
+    made = []
+    for width in (5, 30):   # 40 slots: reads of 10 and of all 40
+        stream = streams.start_stream(graphdef, params, 3, 40, 4, PAD)
+        tokens, valid = random_chunk(rng, 3, width)
+        made.append(streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid)))
+    key = jax.random.key(9)
+    outs = []
+    for stream in made:
+        every = decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, reads=1)
+        first = decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, reads=4)
+        np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(every.tokens))
+        np.testing.assert_allclose(np.asarray(first.logprobs), np.asarray(every.logprobs), rtol=1e-5, atol=1e-5)
+        outs.append(first)
+    stacked = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), *made)
+
+    def one(stream):
+        return streams.stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD).tokens
+
+    assert "cond[" in str(jax.make_jaxpr(jax.vmap(one))(stacked))
+    mapped = jax.jit(jax.vmap(one))(stacked)
+    for k, out in enumerate(outs):
+        np.testing.assert_array_equal(np.asarray(mapped[k]), np.asarray(out.tokens))
 
 
 def test_rows_that_are_not_live_or_full_keep_what_they_hold():
@@ -173,12 +213,15 @@ def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradient
                                         completions, mask, weights, temperature)
 
 
-def prefixed_rows(rng, batch: int, turns: int, width: int, length: int, longest: int | None = None):
+def prefixed_rows(rng, batch: int, turns: int, width: int, length: int, longest: int | None = None,
+                  group_size: int = 1):
     """Rows that share a prefix: prefix token lists (of different lengths) left padded to 8, each
     row's block of 0..`longest` (default `width`) real tokens packed to the right of `width`
-    columns (row (1, 2) empty), completions and their masks (a prefix of True per row)."""
+    columns (row (1, 2) empty), completions and their masks (a prefix of True per row). With
+    `group_size` G, prefixes [i*G, (i+1)*G) are the same."""
     longest = width if longest is None else longest
-    prefix_rows = [rng.integers(2, VOCAB, n).tolist() for n in rng.integers(1, 9, batch)]
+    distinct = [rng.integers(2, VOCAB, n).tolist() for n in rng.integers(1, 9, batch // group_size)]
+    prefix_rows = [row for row in distinct for _ in range(group_size)]
     prefix, prefix_mask = left_padded(prefix_rows, 8)
     block_rows = [[rng.integers(2, VOCAB, rng.integers(0, longest + 1)).tolist() for _ in range(turns)]
                   for _ in range(batch)]
@@ -218,6 +261,32 @@ def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature,
     lengths = block_mask.sum(-1)
     assert lengths.min() == 0 and lengths.max() > 4   # groups cut to the narrowest and to the full width
     assert_scored_like_written_out_rows(graphdef, params, shared, rows, completions, mask, weights, temperature)
+
+
+@pytest.mark.parametrize("group_size, groups, widths", [(2, 3, 2), (3, 1, 1)])
+def test_groups_of_rows_with_one_prefix_run_it_once(group_size, groups, widths):
+    """Prefixes repeated in groups of `group_size` (GRPO's episodes of one task), run once per
+    group: log-probs, entropies and gradients still equal every row written out, and the jaxpr's
+    prefix pass covers the distinct prefixes only; a group size that does not divide the
+    prefixes is refused."""
+    graphdef, params = tiny_model(seed=5)
+    rng = np.random.default_rng(5)
+    batch = 2 * group_size
+    prefix, prefix_mask, blocks, block_mask, completions, mask, rows = prefixed_rows(rng, batch, 3, 6, 3,
+                                                                                     group_size=group_size)
+    weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
+
+    def shared(p, group_size=group_size):
+        return streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, jnp.asarray(blocks), jnp.asarray(block_mask),
+                                         jnp.asarray(completions), jnp.asarray(mask), groups=groups, widths=widths,
+                                         group_size=group_size)
+
+    assert_scored_like_written_out_rows(graphdef, params, shared, rows, completions, mask, weights, 1.0)
+    prefix_pass = f"f32[2,{prefix.shape[1]},32]"   # the embedded prefix tokens: one row per distinct prefix
+    assert prefix_pass in str(jax.make_jaxpr(shared)(params))
+    assert f"f32[{batch},{prefix.shape[1]},32]" not in str(jax.make_jaxpr(shared)(params))
+    with pytest.raises(ValueError, match="group_size must be a positive int dividing the"):
+        shared(params, group_size=batch + 1)
 
 
 def test_block_widths_hold_every_length_up_to_the_width():

@@ -1,6 +1,6 @@
 """Token streams: sequences read once, and rows that share a prefix read once.
 
-A `Stream` is one KV cache per row that tokens are appended to (`append`, `append_in_rounds`)
+A `Stream` is one KV cache per row that tokens are appended to (`append`, `append_packed`)
 and decoded after (`stream_decode`, the draws of `sampling.sample` after a prompt holding the
 stream's tokens); `stream_logprobs` is the teacher-forced pass over a packed stream that gives
 every completion generated along it its log-probabilities. `prefixed_logprobs` is the same for
@@ -105,47 +105,89 @@ def append(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: ja
                   last_hidden=jnp.where(any_new[:, None], hidden[:, -1], stream.last_hidden))
 
 
-def append_in_rounds(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: jax.Array,
-                     valid: jax.Array, width: int, live: jax.Array | None = None) -> Stream:
-    """`append` of the valid tokens of tokens i32[B, T] / valid bool[B, T], `width` of them per
-    row at a time, in as many rounds as the row with the most valid tokens needs (a
-    `lax.while_loop`): a chunk that is mostly padding (an observation slot of which a few words
-    are used) costs what its longest row holds, not T. Same stream as one `append` (up to float
-    rounding); rows where `live` is False are left as they were."""
+def block_widths(width: int, count: int) -> tuple[int, ...]:
+    """The widths, smallest first, that a group of blocks `width` wide may be cut to: width *
+    k / count rounded up, k = 1..count (each at least 1, no repeats)."""
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"block_widths: count must be an int >= 1, got {count!r}")
+    return tuple(sorted({max(1, -(-width * k // count)) for k in range(1, count + 1)}))
+
+
+@jax.custom_batching.custom_vmap
+def _widest_over_batch(index: jax.Array) -> jax.Array:
+    """`index` itself; under `vmap`, its maximum over the mapped axis, unmapped, so that a
+    `lax.switch` on it runs one branch for every mapped row rather than all of them."""
+    return index
+
+
+@_widest_over_batch.def_vmap
+def _widest_over_batch_rule(axis_size, in_batched, index):
+    del axis_size
+    return (jnp.max(index, axis=0) if in_batched[0] else index), False
+
+
+APPEND_WIDTHS = 6
+"""Widths `append_packed` may run a chunk at: its T columns times 1/6, 2/6, ..., 6/6."""
+
+
+def append_packed(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tokens: jax.Array, valid: jax.Array,
+                  widths: int = APPEND_WIDTHS, live: jax.Array | None = None) -> Stream:
+    """`append` of the valid tokens of tokens i32[B, T] / valid bool[B, T], packed to the front
+    and run at the least of `block_widths(T, widths)` columns that holds the row with the most
+    (a `lax.switch`, each width a program of its own): a chunk that is mostly padding (an
+    observation slot of which a few words are used, a window shorter than its slots) costs what
+    its longest row holds, in one forward. Same stream as one `append` of the T columns (up to
+    float rounding); rows where `live` is False are left as they were. Under `vmap` every
+    mapped stream takes the widest width any of them needs (one branch runs)."""
     batch, total = tokens.shape
     live = jnp.ones((batch,), bool) if live is None else live
     valid = valid.astype(bool) & live[:, None]
     order = jnp.argsort(~valid, axis=-1, stable=True)    # the valid tokens first, in order
     tokens, valid = jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(valid, order, axis=-1)
-    padded = -(-total // width) * width
-    tokens = jnp.pad(tokens, ((0, 0), (0, padded - total)))
-    valid = jnp.pad(valid, ((0, 0), (0, padded - total)))
-    rounds = -(-jnp.max(jnp.sum(valid, axis=1, dtype=jnp.int32)) // width)
+    choices = block_widths(total, widths)
+    most = jnp.max(jnp.sum(valid, axis=1, dtype=jnp.int32))
+    index = _widest_over_batch(jnp.sum(most > jnp.asarray(choices[:-1], jnp.int32)))
+    branches = [lambda stream, width=width: append(graphdef, params, stream, tokens[:, :width], valid[:, :width])
+                for width in choices]
+    return jax.lax.switch(index, branches, stream)
 
-    def one_round(carry):
-        index, stream = carry
-        take = lambda x: jax.lax.dynamic_slice_in_dim(x, index * width, width, axis=1)  # noqa: E731
-        return index + 1, append(graphdef, params, stream, take(tokens), take(valid))
 
-    _, stream = jax.lax.while_loop(lambda carry: carry[0] < rounds, one_round, (jnp.int32(0), stream))
-    return stream
+DECODE_READS = 4
+"""Slot counts `stream_decode` may read: the C stream slots times 1/4, 2/4, 3/4, 4/4."""
 
 
 def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key: jax.Array, *,
                   max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
-                  greedy: bool = False) -> SampleOutput:
+                  greedy: bool = False, reads: int = DECODE_READS) -> SampleOutput:
     """Generate up to `max_new_tokens` tokens after every stream, exactly as `sample` would after
     a prompt holding the stream's tokens (the same key gives the same draws). The fed tokens go to
-    the scratch slots; the stream is not changed (append what was generated to keep it)."""
+    the scratch slots; the stream is not changed (append what was generated to keep it).
+
+    The decode reads only the first slots of the stream, the least of `block_widths(C, reads)`
+    that holds every row's tokens, and the scratch slots after them (a `lax.switch`, each a
+    program of its own; under `vmap` the most any mapped stream needs): a stream that holds
+    few tokens yet (early turns, short windows) is not read to its end.
+    """
     capacity, scratch = stream.capacity, stream.cache.length - stream.capacity
     if scratch < max_new_tokens - 1:
         raise ValueError(f"stream_decode: {scratch} scratch slots cannot hold {max_new_tokens - 1} fed tokens")
     batch = stream.tokens.shape[0]
-    key_valid = jnp.concatenate([stream.valid, jnp.ones((batch, scratch), bool)], axis=1)
-    out, _ = decode(graphdef, params, stream.cache, key_valid, stream.last_hidden, capacity, stream.length, key,
-                    max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
-                    top_k=top_k, greedy=greedy)
-    return out
+    choices = block_widths(capacity, reads)
+    held = jnp.minimum(jnp.max(stream.length), capacity)
+    index = _widest_over_batch(jnp.sum(held > jnp.asarray(choices[:-1], jnp.int32)))
+
+    def read_first(slots):
+        def first(a):
+            return jnp.pad(a[:, :, :slots], ((0, 0), (0, 0), (0, scratch), (0, 0))) if slots < capacity else a
+
+        cache = HeadMajorCache(k=tuple(map(first, stream.cache.k)), v=tuple(map(first, stream.cache.v)))
+        key_valid = jnp.concatenate([stream.valid[:, :slots], jnp.ones((batch, scratch), bool)], axis=1)
+        out, _ = decode(graphdef, params, cache, key_valid, stream.last_hidden, slots, stream.length, key,
+                        max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
+                        top_k=top_k, greedy=greedy)
+        return out
+
+    return jax.lax.switch(index, [lambda slots=slots: read_first(slots) for slots in choices])
 
 
 STREAM_BLOCK = 96
@@ -219,31 +261,10 @@ household default's inner step on a 2-core CPU, one device: 0.49 s with every ro
 0.35 s with 8 groups and 4 widths, 6-8% less with 6; compile 11 s, 23 s and 30 s)."""
 
 
-def block_widths(width: int, count: int) -> tuple[int, ...]:
-    """The widths, smallest first, that a group of blocks `width` wide may be cut to: width *
-    k / count rounded up, k = 1..count (each at least 1, no repeats)."""
-    if not isinstance(count, int) or count < 1:
-        raise ValueError(f"block_widths: count must be an int >= 1, got {count!r}")
-    return tuple(sorted({max(1, -(-width * k // count)) for k in range(1, count + 1)}))
-
-
-@jax.custom_batching.custom_vmap
-def _widest_over_batch(index: jax.Array) -> jax.Array:
-    """`index` itself; under `vmap`, its maximum over the mapped axis, unmapped, so that a
-    `lax.switch` on it runs one branch for every mapped row rather than all of them."""
-    return index
-
-
-@_widest_over_batch.def_vmap
-def _widest_over_batch_rule(axis_size, in_batched, index):
-    del axis_size
-    return (jnp.max(index, axis=0) if in_batched[0] else index), False
-
-
 def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Array, prefix_mask: jax.Array,
                       blocks: jax.Array, block_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
                       temperature: float = 1.0, chunks: int = PREFIXED_CHUNKS, groups: int = PREFIXED_GROUPS,
-                      widths: int = PREFIXED_WIDTHS) -> tuple[jax.Array, jax.Array]:
+                      widths: int = PREFIXED_WIDTHS, group_size: int = 1) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced (logp, entropy) f32[B, S, T] of rows that share a prefix: row (b, s) is
     the prefix b (prefix i32[B, Tp] / prefix_mask bool[B, Tp], left padded), then its own block
     (blocks i32[B, S, H] / block_mask bool[B, S, H], its real tokens packed to the right), and its
@@ -252,7 +273,9 @@ def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Arr
     Equals `sequence_logprobs` of every row with the prompt prefix + block written out
     (the real tokens, left padded), up to float rounding, and so do the gradients; each prefix
     runs through the model once, its keys and values read by its S rows (their gradients
-    summed). Both outputs are 0 where completion_mask is False.
+    summed). With `group_size` G, prefixes [i*G, (i+1)*G) are the same (GRPO's G episodes of a
+    task) and only the first of each group runs; its G*S rows read it (about 10% of the
+    household default's update). Both outputs are 0 where completion_mask is False.
 
     Blocks are mostly shorter than H, and their padding need not run: the B*S rows, sorted by
     their block's real length, are cut into `groups` groups of near-equal size, and each group
@@ -274,12 +297,17 @@ def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Arr
                          f"got chunks={chunks!r} and {length} tokens")
     if not isinstance(groups, int) or groups < 1:
         raise ValueError(f"prefixed_logprobs: groups must be an int >= 1, got {groups!r}")
+    if not isinstance(group_size, int) or group_size < 1 or batch % group_size:
+        raise ValueError(f"prefixed_logprobs: group_size must be a positive int dividing the {batch} prefixes, "
+                         f"got {group_size!r}")
     choices = block_widths(width, widths)
-    prefix_mask = prefix_mask.astype(bool)
+    # the distinct prefixes, one per group of group_size rows
+    prefix_mask = prefix_mask[::group_size].astype(bool)
     causal = jnp.arange(prefix_length)[None, :] <= jnp.arange(prefix_length)[:, None]
-    prefix_last, prefix_cache = apply_hidden(graphdef, params, prefix.astype(jnp.int32), prompt_positions(prefix_mask),
-                                             prefix_mask[:, None, :] & causal[None],
-                                             init_head_major_cache(config_of(graphdef, params), batch, prefix_length),
+    prefix_last, prefix_cache = apply_hidden(graphdef, params, prefix[::group_size].astype(jnp.int32),
+                                             prompt_positions(prefix_mask), prefix_mask[:, None, :] & causal[None],
+                                             init_head_major_cache(config_of(graphdef, params), batch // group_size,
+                                                                   prefix_length),
                                              0, last=1)
     rows = batch * turns
     row_blocks, row_block_mask = blocks.reshape(rows, width), block_mask.reshape(rows, width).astype(bool)
@@ -289,9 +317,9 @@ def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Arr
 
     def group_pass(members, cut):
         """(logp, entropy) f32[len(members), T] of rows `members`, blocks cut to their last `cut` columns."""
-        episode = members // turns
-        cache = HeadMajorCache(k=tuple(a[episode] for a in prefix_cache.k), v=tuple(a[episode] for a in prefix_cache.v))
-        return _after_prefix(graphdef, params, prefix_last[episode, 0], prefix_mask[episode], cache,
+        task = members // turns // group_size   # the row's distinct prefix
+        cache = HeadMajorCache(k=tuple(a[task] for a in prefix_cache.k), v=tuple(a[task] for a in prefix_cache.v))
+        return _after_prefix(graphdef, params, prefix_last[task, 0], prefix_mask[task], cache,
                              row_blocks[members, width - cut:], row_block_mask[members, width - cut:],
                              row_completions[members], row_mask[members], temperature, chunks)
 

@@ -31,7 +31,8 @@ Multi-turn prompts (turn t of an episode) depend on `Domain.history`:
       (and without pad tokens). The task is read once per episode (`window_episodes`): its
       tokens are a stream (`streams.Stream`) that every turn copies, appends its window to and
       decodes after, the draws `sampling.sample` makes after the written-out prompt; the update
-      reads each task once and each turn's window and action after it
+      reads each task once per GRPO group (its G episodes hold the same task) and each turn's
+      window and action after it
       (`streams.prefixed_logprobs`): update rows prefix i32[N, Tp] / prefix_mask, blocks
       i32[N, S, H] / block_mask (the window tokens, packed to the right, H = `window_width`).
   "full"  the whole episode so far: the task, o_0, then a_0 o_1 a_1 o_2 ... a_{t-1} o_t, as one
@@ -64,7 +65,6 @@ from derl_jax.models import sampling, streams
 from derl_jax.rl.host_env import HostEnvBridge
 
 ROLLOUT_KINDS = ("device", "host", "env")
-APPEND_WIDTH = 16   # tokens per row and round when a turn's action and observation join an episode's stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,8 @@ class DeviceRollout:
 
     fn(params, batch, key, greedy) -> (episode, update_batch)
     prefill_group: rows that share one prompt in update_batch and may be prefilled once (G
-      for single-turn batches built from G copies of each prompt, 1 multi-turn).
+      for batches built from G copies of each prompt: single-turn rows, and window episodes,
+      whose update runs each task once per group; 1 with the whole history).
     logprobs(params, update_batch, temperature, group_size) -> (logp, entropy), each shaped as
       update_batch["mask"]: the teacher-forced log-probs of the update rows' completions (the
       rows keep their order in groups of `group_size` that share a prompt).
@@ -97,9 +98,9 @@ def prefixed_row_logprobs(graphdef: nnx.GraphDef) -> Callable:
     """`DeviceRollout.logprobs` of episodes' turns after their task (prefix, prefix_mask, blocks,
     block_mask, completions, mask)."""
     def logprobs(params, rows, temperature: float, group_size: int = 1):
-        del group_size   # every row is its own episode
         return streams.prefixed_logprobs(graphdef, params, rows["prefix"], rows["prefix_mask"], rows["blocks"],
-                                         rows["block_mask"], rows["completions"], rows["mask"], temperature)
+                                         rows["block_mask"], rows["completions"], rows["mask"], temperature,
+                                         group_size=group_size)
 
     return logprobs
 
@@ -191,8 +192,9 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
                     ) -> DeviceRollout:
     """Episodes whose turn t prompt is the task and the last W turns: the task is read once per
     episode (a stream of its tokens), every turn appends its window to a copy of that stream and
-    decodes after it; the update reads each task once and every turn's window and action after
-    it (`streams.prefixed_logprobs`). One update row per episode: prefix i32[N, Tp] /
+    decodes after it; the update reads each task once per group of `cfg.group_size` episodes
+    (the loop's batches repeat each task that many times; `prefill_group`) and every turn's
+    window and action after it (`streams.prefixed_logprobs`). One update row per episode: prefix i32[N, Tp] /
     prefix_mask (the task prompt), blocks i32[N, S, H] / block_mask (each turn's window tokens,
     packed to the right; H = `window_width`), completions / mask / old_logp [N, S, A]."""
     env, reset, step = _episode_env(domain, cfg)
@@ -215,7 +217,9 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             history, kept = window_history(batch.prompt_mask, actions, actions != pad, observations,
                                            observations != pad, length, pad, width)
             history, kept = over_data(history), over_data(kept)
-            prompt = streams.append_in_rounds(graphdef, params, task, history, kept, APPEND_WIDTH)
+            block, block_mask = left_pack(history, kept)
+            block, block_mask = block[:, -width:], block_mask[:, -width:]
+            prompt = streams.append_packed(graphdef, params, task, block, block_mask)
             out = streams.stream_decode(graphdef, params, prompt, jax.random.fold_in(turn_key, index),
                                         max_new_tokens=act_len, eos_id=eos, pad_id=pad, temperature=cfg.temperature,
                                         top_k=cfg.top_k, greedy=greedy)
@@ -226,8 +230,7 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             observations = keep(_shift_in(observations, obs), observations)
             actions = keep(_shift_in(actions, action), actions)
             success = jnp.where(alive, jnp.maximum(success, info["success"].astype(jnp.float32)), success)
-            block, block_mask = left_pack(history, kept)
-            record = {"blocks": block[:, -width:], "block_mask": block_mask[:, -width:], "completions": out.tokens,
+            record = {"blocks": block, "block_mask": block_mask, "completions": out.tokens,
                       "mask": out.mask & alive[:, None], "old_logp": out.sampling_logprobs,
                       "step_score": info["step_score"].astype(jnp.float32), "alive": alive}
             if "self_reward" in info:   # an environment with self-assessment (Self-Guide)
@@ -245,7 +248,7 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
                 **{name: per_episode[name] for name in ("blocks", "block_mask", "completions", "mask", "old_logp")}}
         return episode, rows
 
-    return DeviceRollout(fn=fn, prefill_group=1, logprobs=prefixed_row_logprobs(graphdef))
+    return DeviceRollout(fn=fn, prefill_group=cfg.group_size, logprobs=prefixed_row_logprobs(graphdef))
 
 
 def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x
@@ -282,10 +285,9 @@ def stream_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             obs, new_state, _, done, info = step(state, action)
             state = jax.tree_util.tree_map(_keep(alive), new_state, state)
             starts = stream.length
-            stream = streams.append_in_rounds(graphdef, params, stream,
-                                               over_data(jnp.concatenate([out.tokens, obs], axis=1)),
-                                               over_data(jnp.concatenate([said, obs != pad], axis=1)), APPEND_WIDTH,
-                                               live=alive)
+            stream = streams.append_packed(graphdef, params, stream,
+                                           over_data(jnp.concatenate([out.tokens, obs], axis=1)),
+                                           over_data(jnp.concatenate([said, obs != pad], axis=1)), live=alive)
             success = jnp.where(alive, jnp.maximum(success, info["success"].astype(jnp.float32)), success)
             record = {"starts": starts, "completions": out.tokens, "mask": out.mask & alive[:, None],
                       "old_logp": out.sampling_logprobs, "step_score": info["step_score"].astype(jnp.float32),
