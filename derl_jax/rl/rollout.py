@@ -219,10 +219,12 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
             history, kept = over_data(history), over_data(kept)
             block, block_mask = left_pack(history, kept)
             block, block_mask = block[:, -width:], block_mask[:, -width:]
-            prompt = streams.append_packed(graphdef, params, task, block, block_mask)
+            # 3 append widths and one decode read: as fast as more at the household default (the
+            # batch's longest prompt nearly fills the stream every turn), and fewer programs to compile
+            prompt = streams.append_packed(graphdef, params, task, block, block_mask, widths=3)
             out = streams.stream_decode(graphdef, params, prompt, jax.random.fold_in(turn_key, index),
                                         max_new_tokens=act_len, eos_id=eos, pad_id=pad, temperature=cfg.temperature,
-                                        top_k=cfg.top_k, greedy=greedy)
+                                        top_k=cfg.top_k, greedy=greedy, reads=1)
             action = jnp.where(out.mask & (out.tokens != eos), out.tokens, pad)
             obs, new_state, _, done, info = step(state, action)
             keep = _keep(alive)
