@@ -101,7 +101,8 @@ def test_a_chunk_packed_to_its_fullest_row_gives_the_same_stream():
         held = np.asarray(whole.valid)
         for layer in range(2):
             for mine, want in ((got.cache.k[layer], whole.cache.k[layer]), (got.cache.v[layer], whole.cache.v[layer])):
-                mine, want = np.moveaxis(np.asarray(mine)[:, :, :40], 2, 1), np.moveaxis(np.asarray(want)[:, :, :40], 2, 1)
+                mine = np.moveaxis(np.asarray(mine)[:, :, :40], 2, 1)
+                want = np.moveaxis(np.asarray(want)[:, :, :40], 2, 1)
                 np.testing.assert_allclose(mine[held], want[held], rtol=1e-5, atol=1e-5)
 
 

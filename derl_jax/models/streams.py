@@ -126,6 +126,13 @@ def _widest_over_batch_rule(axis_size, in_batched, index):
     return (jnp.max(index, axis=0) if in_batched[0] else index), False
 
 
+def _least_holding(needed: jax.Array, choices: tuple[int, ...]) -> jax.Array:
+    """i32[...]: the index into `choices` (ascending) of the least that holds `needed` i32[...]
+    (the last when none does), the branch a `lax.switch` over them takes; under `vmap` the
+    widest any mapped row needs (`_widest_over_batch`), so that one branch runs."""
+    return _widest_over_batch(jnp.sum(needed[..., None] > jnp.asarray(choices[:-1], jnp.int32), axis=-1))
+
+
 APPEND_WIDTHS = 6
 """Widths `append_packed` may run a chunk at: its T columns times 1/6, 2/6, ..., 6/6."""
 
@@ -146,7 +153,7 @@ def append_packed(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, tok
     tokens, valid = jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(valid, order, axis=-1)
     choices = block_widths(total, widths)
     most = jnp.max(jnp.sum(valid, axis=1, dtype=jnp.int32))
-    index = _widest_over_batch(jnp.sum(most > jnp.asarray(choices[:-1], jnp.int32)))
+    index = _least_holding(most, choices)
     branches = [lambda stream, width=width: append(graphdef, params, stream, tokens[:, :width], valid[:, :width])
                 for width in choices]
     return jax.lax.switch(index, branches, stream)
@@ -174,7 +181,7 @@ def stream_decode(graphdef: nnx.GraphDef, params: nnx.State, stream: Stream, key
     batch = stream.tokens.shape[0]
     choices = block_widths(capacity, reads)
     held = jnp.minimum(jnp.max(stream.length), capacity)
-    index = _widest_over_batch(jnp.sum(held > jnp.asarray(choices[:-1], jnp.int32)))
+    index = _least_holding(held, choices)
 
     def read_first(slots):
         def first(a):
@@ -333,7 +340,7 @@ def prefixed_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix: jax.Arr
     needed = jnp.max(block_length[padded], axis=1)
     # any width that holds a group's blocks gives the same result: under vmap (policies trained
     # side by side) every policy's group takes the widest any of them needs
-    index = _widest_over_batch(jnp.sum(needed[:, None] > jnp.asarray(choices[:-1])[None, :], axis=1))
+    index = _least_holding(needed, choices)
     # each branch is rematerialised: the switch's backward recomputes its branch's forward, rather
     # than every branch returning (zero-filled) residuals for all of them
     branches = [jax.checkpoint(lambda m, cut=cut: group_pass(m, cut)) for cut in choices]
