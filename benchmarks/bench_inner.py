@@ -28,7 +28,8 @@ mode against the one-device loop and against the fastest loop.
 
 Then TRL's `GRPOTrainer` (PyTorch CPU) trains a `transformers.Qwen2ForCausalLM` of the same
 shape on the same prompts with the same batch (B prompts x G samples), completion length
-and outcome reward; a callback times each optimizer step after a warm-up step.
+and outcome reward; a callback times each optimizer step after a warm-up step, and TRL's
+step is the median of as many steps as one of our timed runs holds (8; 2 with --quick).
 The K = 1 loops are then timed again (`step_ms_after_trl`), and the per-step ratio against
 TRL uses the mean of ours before and after TRL (`step_ms_bracketed`): the speed of a shared
 host drifts over a run, and bracketing the reference cancels a drift that is linear in time.
@@ -369,7 +370,7 @@ def main(argv=None) -> dict:
     args.steps = 2 if args.quick else 8
     args.repeats = 1 if args.quick else 3
     args.chunk = 4
-    args.trl_steps = 2 if args.quick else 4
+    args.trl_steps = args.steps
     rows, summaries = [], []
     for trial in range(args.trials):
         trial_rows, setup = jax_rows(args)
