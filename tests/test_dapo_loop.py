@@ -264,7 +264,7 @@ def test_a_dapo_step_trains_on_the_groups_numpy_selects_with_the_penalty_numpy_c
     assert float(metrics["response_length"][0]) == pytest.approx(lengths.sum() / max((lengths > 0).sum(), 1), abs=1e-5)
 
     # one GRPO update on those rows with those advantages is the loop's step
-    update_batch = {name: value[selected] for name, value in batch.items()}
+    update_batch = jax.tree_util.tree_map(lambda value: value[selected], batch)
     update_batch["advantages"] = jnp.asarray(np_advantages(shaped[selected], group), jnp.float32)
     optimizer = make_optimizer(cfg.grpo)
 

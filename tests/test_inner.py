@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from derl_jax.expr import compile_expr, parse, stack_programs
-from derl_jax.rl import device_evaluator, placement, setup
+from derl_jax.models import transformer
+from derl_jax.rl import device_evaluator, placement, rollout, setup
 from derl_jax.rl.config import InnerConfig, inner_config, progress
 from derl_jax.rl.grpo import GRPOConfig
 from test_inner_sharding import INNER as TINY_INNER
@@ -174,6 +175,40 @@ def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
     assert set(results.curves) == set(vmapped.curves) - ({"kl"} if not kl_metric else set())
     for name, values in results.curves.items():
         np.testing.assert_allclose(values, vmapped.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_replaying_the_decode_products_trains_as_recomputing_them(monkeypatch):
+    # by default the update replays the products the decode kept (rollout.keeps_products); with
+    # their budget at 0 it recomputes them: the same training up to float rounding
+    domain, graphdef, params, programs, train, validation = tiny_setup()
+    config, rows, prompt_tokens = transformer.config_of(graphdef, params), TINY_INNER.rollouts_per_step, train.prompts.shape[1]
+    assert rollout.keeps_products(config, TINY_INNER, rows, prompt_tokens)
+    replayed = tiny_unsharded_results()
+    monkeypatch.setattr(rollout, "PRODUCTS_MAX_BYTES", 0)
+    assert not rollout.keeps_products(config, TINY_INNER, rows, prompt_tokens)
+    evaluator = device_evaluator.DeviceEvaluator(domain, graphdef, TINY_INNER, compiler_options=FAST_COMPILE)
+    recomputed = evaluator.evaluate_candidates(programs, params, TINY_KEY, train, validation)
+    assert np.all(recomputed.curves["grad_norm"].max(axis=1) > 0)
+    np.testing.assert_allclose(replayed.scores, recomputed.scores, atol=1e-6)
+    assert_trees_close(replayed.params, recomputed.params)
+    for name, values in replayed.curves.items():
+        np.testing.assert_allclose(values, recomputed.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_the_decode_keeps_its_products_only_for_one_update_at_the_sampling_params():
+    config = transformer.tiny_config(21, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2)
+    keeps = rollout.keeps_products
+    assert keeps(config, INNER, ROLLOUTS, 7)
+    assert not keeps(config, INNER.replace(grpo=GRPOConfig(epochs=2)), ROLLOUTS, 7)
+    assert not keeps(config, INNER.replace(grpo=GRPOConfig(minibatches=2)), ROLLOUTS, 7)
+    assert not keeps(config.replace(remat=True), INNER, ROLLOUTS, 7)
+    assert not keeps(config, INNER.replace(max_new_tokens=1), ROLLOUTS, 7)
+    # per fed token (27 after 7 prompt tokens) and layer: q/k/v 128, attention output 64, output
+    # projection 64, gate/up 256 and down 64 floats, and 4 heads' probabilities over 34 keys
+    per_row = 27 * 2 * 4 * (128 + 64 + 64 + 256 + 64 + 4 * 34)
+    assert keeps(config, INNER, rollout.PRODUCTS_MAX_BYTES // per_row, 7)
+    assert not keeps(config, INNER, rollout.PRODUCTS_MAX_BYTES // per_row + 1, 7)
 
 
 @pytest.mark.slow

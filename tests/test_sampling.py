@@ -258,6 +258,55 @@ def test_sequence_logprobs_equal_sampler_logprobs(model, batch):
     np.testing.assert_allclose(np.asarray(logp_cold), np.asarray(hot.logprobs), atol=2e-5)
 
 
+def test_replayed_runs_fn_only_for_its_gradient():
+    # the value is the one given, the gradient fn's at the arguments
+    x = jnp.asarray([[1.0, 2.0], [3.0, -1.0]])
+    w = jnp.asarray([[0.5, -1.0, 2.0], [1.5, 0.25, -0.5]])
+    given = jnp.full((2, 3), 7.0)
+    np.testing.assert_array_equal(np.asarray(tr.replayed(jnp.dot, given, x, w)), np.asarray(given))
+    weights = jnp.asarray([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]])
+    got = jax.grad(lambda x, w: jnp.sum(tr.replayed(jnp.dot, given, x, w) * weights), argnums=(0, 1))(x, w)
+    want = jax.grad(lambda x, w: jnp.sum(jnp.dot(x, w) * weights), argnums=(0, 1))(x, w)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_decode_products_replayed_give_the_same_logprobs_and_gradients(model, group_size):
+    # the decode's products (SampleOutput.products) replayed in the teacher-forced pass: the same
+    # log-probs, entropies and parameter gradients as recomputing them, with left padding, a
+    # prompt shared by a group and rows that end early (EOS)
+    _, graphdef, params = model
+    _, prompts, mask = _batch()
+    prompts, mask = jnp.repeat(prompts, group_size, axis=0), jnp.repeat(mask, group_size, axis=0)
+    free = np.asarray(_sample(graphdef, params, prompts, mask, key=8, group_size=group_size).tokens)
+    eos = int(free[0, 1])
+    out = _sample(graphdef, params, prompts, mask, key=8, eos_id=eos, group_size=group_size, keep_products=True)
+    assert int(out.lengths.min()) < MAX_NEW
+    assert len(out.products) == 2 and set(out.products[0]) == set(tr.PRODUCTS)
+    assert out.products[0]["qkv"].shape == (prompts.shape[0], MAX_NEW - 1, (4 + 2 * 2) * 8)
+    assert out.products[1]["gate_up"].shape == (prompts.shape[0], MAX_NEW - 1, 2 * 48)
+    assert _sample(graphdef, params, prompts, mask, key=8, group_size=group_size).products is None
+    weights = jnp.asarray(np.random.default_rng(5).normal(size=out.tokens.shape), jnp.float32)
+
+    def objective(params, saved):
+        logp, entropy = sm.sequence_logprobs(graphdef, params, prompts, mask, out.tokens, out.mask, 1.0,
+                                             group_size=group_size, saved=saved)
+        return jnp.sum(logp * weights) + 0.1 * jnp.sum(entropy), (logp, entropy)
+
+    run = jax.jit(jax.value_and_grad(objective, has_aux=True))
+    (_, (logp, entropy)), grads = run(params, None)
+    (_, (logp_replayed, entropy_replayed)), grads_replayed = run(params, out.products)
+    np.testing.assert_allclose(np.asarray(logp_replayed), np.asarray(logp), atol=2e-6)
+    np.testing.assert_allclose(np.asarray(logp_replayed), np.asarray(out.logprobs), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(entropy_replayed), np.asarray(entropy), atol=2e-6)
+    for path, got in nnx.to_flat_state(grads_replayed):
+        want = np.asarray(dict(nnx.to_flat_state(grads))[path].get_value())
+        got = np.asarray(got.get_value())
+        assert np.abs(want).max() > 0, path
+        np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=1e-4, err_msg=str(path))
+
+
 @pytest.mark.slow
 def test_sequence_logprobs_have_finite_gradients_with_excluded_tokens(model, batch):
     _, graphdef, params = model

@@ -183,31 +183,95 @@ def _write_head_major(cache: HeadMajorCache, k: jax.Array, v: jax.Array, cache_i
     return cache, layer_k.astype(k.dtype), layer_v.astype(v.dtype)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array) -> jax.Array:
+def _grouped_queries(x: jax.Array, kv_heads: int) -> jax.Array:
+    """[B, T, H, Dh] -> [B, K, G*T, Dh]: the G = H / K query heads of each key/value head stacked
+    along the query axis (rows g*T + t)."""
+    batch, length, heads, head_dim = x.shape
+    group = heads // kv_heads
+    x = x.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    return x.reshape(batch, kv_heads, group * length, head_dim)
+
+
+def _ungrouped(x: jax.Array, heads: int) -> jax.Array:
+    """The inverse of `_grouped_queries`: [B, K, G*T, Dh] -> [B, T, H, Dh]."""
+    batch, kv_heads, rows, head_dim = x.shape
+    group = heads // kv_heads
+    x = x.reshape(batch, kv_heads, group, rows // group, head_dim).transpose(0, 3, 1, 2, 4)
+    return x.reshape(batch, rows // group, heads, head_dim)
+
+
+def _query_scaling(head_dim: int) -> tuple[float, bool]:
+    """(1 / sqrt(Dh), whether it is a power of two: then q is scaled first, which changes no bit)."""
+    scale = head_dim ** -0.5
+    return scale, math.frexp(scale)[0] == 0.5
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array, record: dict | None = None
+           ) -> jax.Array:
     """Grouped-query attention: q[B, T, H, Dh], head-major k, v[B, K, S, Dh], score_bias
     f32[B, T, S] -> [B, T, H*Dh]. Query head j reads key/value head j // (H / K).
 
     The G = H / K query heads of one key/value head are stacked along the query axis, so
     scores and outputs are single batched matmuls over (B, K) (`grouped_attention`). One query
-    (T = 1, a decode step) is `attend_one`."""
+    (T = 1, a decode step) is `attend_one`; `record` (a dict) then gets its probabilities as
+    "probs" f32[B, K, G, S] (what `attend_replayed` replays)."""
     batch, length, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    scale = head_dim ** -0.5
-    exact = math.frexp(scale)[0] == 0.5  # a power of two: scaling q first changes no bit
+    scale, exact = _query_scaling(head_dim)
     if length == 1:
-        out = attend_one(q.reshape(batch, kv_heads, group, head_dim), k, v, score_bias, scale)
+        out = attend_one(q.reshape(batch, kv_heads, group, head_dim), k, v, score_bias, scale,
+                         with_probs=record is not None)
+        if record is not None:
+            out, record["probs"] = out
         return out.reshape(batch, 1, heads * head_dim)
-    q = q.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(batch, kv_heads, group * length, head_dim)
+    q = _grouped_queries(q, kv_heads)
     out = grouped_attention(q * scale if exact else q, k, v, score_bias, 1.0 if exact else scale, group)
-    out = out.reshape(batch, kv_heads, group, length, head_dim)
-    return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, heads * head_dim)
+    return _ungrouped(out, heads).reshape(batch, length, heads * head_dim)
 
 
-def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array, scale: float) -> jax.Array:
+def attend_replayed(q: jax.Array, k: jax.Array, v: jax.Array, probs: jax.Array, out: jax.Array) -> jax.Array:
+    """`attend(q, k, v, score_bias)` whose value `out` [B, T, H*Dh] and probabilities probs
+    f32[B, K, G, T, S] were computed before for these same queries and keys (e.g. kept by the
+    decode loop): the forward pass returns `out`, and the backward pass is `grouped_attention`'s
+    with these probabilities, so the scores are not computed again. Not differentiable in
+    probs or out."""
+    heads = q.shape[2]
+    scale, exact = _query_scaling(q.shape[3])
+    return _attend_replayed(q, k, v, probs, out, heads, 1.0 if exact else scale, scale if exact else 1.0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _attend_replayed(q, k, v, probs, out, heads, score_scale, query_scale):
+    return out
+
+
+def _attend_replayed_fwd(q, k, v, probs, out, heads, score_scale, query_scale):
+    return out, (q, k, v, probs, out)
+
+
+def _attend_replayed_bwd(heads, score_scale, query_scale, residuals, d_out):
+    q, k, v, probs, out = residuals
+    batch, length = q.shape[:2]
+    kv_heads, head_dim = k.shape[1], k.shape[3]
+    grouped = functools.partial(_grouped_queries, kv_heads=kv_heads)
+    group = heads // kv_heads
+    rows = probs.reshape(batch, kv_heads, group * length, probs.shape[-1]).astype(q.dtype)
+    as_heads = lambda x: x.reshape(batch, length, heads, head_dim)  # noqa: E731
+    d_q, d_k, d_v, _ = _grouped_attention_bwd(score_scale, group, (grouped(q) * query_scale, k, v, rows,
+                                              grouped(as_heads(out))), grouped(as_heads(d_out)))
+    return (_ungrouped(d_q * query_scale, heads).astype(q.dtype), d_k, d_v, jnp.zeros_like(probs),
+            jnp.zeros_like(out))
+
+
+_attend_replayed.defvjp(_attend_replayed_fwd, _attend_replayed_bwd)
+
+
+def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array, scale: float,
+               with_probs: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """One query per row: q[B, K, G, Dh] (the G query heads of each key/value head), k, v[B, K, S,
-    Dh], score_bias f32[B, 1, S] -> [B, K, G, Dh]: softmax(scale * q . k + bias) v.
+    Dh], score_bias f32[B, 1, S] -> [B, K, G, Dh]: softmax(scale * q . k + bias) v; with
+    `with_probs`, (that, the softmax f32[B, K, G, S]).
 
     Written as products summed over Dh and over S rather than as matmuls: with one query a
     "matmul" is B * K products of a [G, Dh] and a [Dh, S] matrix, which XLA:CPU runs as that many
@@ -217,7 +281,9 @@ def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, score_bias: jax.Array, 
     scores = scores * scale + score_bias[:, :, None, :]
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     out = jnp.sum(weights[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=-2)
-    return (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(q.dtype)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    out = (out / total).astype(q.dtype)
+    return (out, weights / total) if with_probs else out
 
 
 def _attention_weights(q: jax.Array, k: jax.Array, score_bias: jax.Array, scale: float, group: int

@@ -30,6 +30,7 @@ from flax import nnx, struct
 
 from derl_jax.models.attention import HeadMajorCache, init_head_major_cache
 from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
+from derl_jax.models.config import ModelConfig
 
 
 @runtime_checkable
@@ -82,6 +83,10 @@ class SampleOutput:
                                   filtered = constraint mask then top-k. 0 where masked.
     mask:              bool[B, T] True for generated tokens up to and including EOS.
     lengths:           i32[B]     number of True entries of `mask` per row.
+    products:          with `keep_products`, per layer a dict of the decoder layer's products
+                       (`transformer.PRODUCTS`) at the T - 1 fed tokens, [B, T - 1, X] each
+                       and "probs" f32[B, K, G, T - 1, Tp + T - 1]: what
+                       `sequence_logprobs(..., saved=products)` replays. Else None.
     """
 
     tokens: jax.Array
@@ -89,6 +94,7 @@ class SampleOutput:
     sampling_logprobs: jax.Array
     mask: jax.Array
     lengths: jax.Array
+    products: Any = None
 
 
 def prompt_positions(token_mask: jax.Array) -> jax.Array:
@@ -188,6 +194,33 @@ def _with_prefix(cache: HeadMajorCache, prefix: HeadMajorCache) -> HeadMajorCach
     return HeadMajorCache(k=tuple(map(put, cache.k, prefix.k)), v=tuple(map(put, cache.v, prefix.v)))
 
 
+def product_buffers(config: ModelConfig, batch: int, tokens: int, keys: int) -> list[dict]:
+    """Per layer, zero buffers for the products (`transformer.PRODUCTS`) of `tokens` fed tokens
+    that read `keys` key slots: [batch, tokens, X] in the compute dtype, and "probs" f32[batch, K,
+    G, tokens, keys]; `decode` writes one token's column per step (`write_products`)."""
+    widths = {"qkv": (config.num_heads + 2 * config.num_kv_heads) * config.head_dim,
+              "attn": config.num_heads * config.head_dim, "o": config.hidden_size,
+              "gate_up": 2 * config.intermediate_size, "down": config.hidden_size}
+    probs = (batch, config.num_kv_heads, config.group_size, tokens, keys)
+    return [dict({name: jnp.zeros((batch, tokens, width), config.compute_dtype) for name, width in widths.items()},
+                 probs=jnp.zeros(probs, jnp.float32)) for _ in range(config.num_layers)]
+
+
+def write_products(buffers: list[dict], record: list[dict], column: jax.Array) -> list[dict]:
+    """`buffers` (`product_buffers`) with one decode step's products `record` (per layer [B, 1, X],
+    "probs" [B, K, G, S'] over the S' slots the step read, cut to the buffer's keys) written at
+    token `column`."""
+    zero = jnp.zeros((), jnp.int32)
+
+    def write(name, kept, new):
+        if name == "probs":
+            new = new[:, :, :, None, :kept.shape[-1]]
+            return jax.lax.dynamic_update_slice(kept, new.astype(kept.dtype), (zero, zero, zero, column, zero))
+        return jax.lax.dynamic_update_slice(kept, new.astype(kept.dtype), (zero, column, zero))
+
+    return [{name: write(name, kept[name], new[name]) for name in kept} for kept, new in zip(buffers, record)]
+
+
 def step_gumbel_noise(key: jax.Array, index: jax.Array | int, shape: tuple[int, ...]) -> jax.Array:
     """f32[*shape]: the Gumbel noise of decode step `index`, `jax.random.gumbel(fold_in(key, index))`.
 
@@ -244,7 +277,7 @@ def _decode_step(logits, constraint, constraint_state, done, noise, *, temperatu
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
            key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int,
            temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-           constraint: Constraint | None = None, group_size: int = 1) -> SampleOutput:
+           constraint: Constraint | None = None, group_size: int = 1, keep_products: bool = False) -> SampleOutput:
     """Generate up to `max_new_tokens` tokens after left-padded `prompts`.
 
     prompts: i32[B, Tp] (left padded); prompt_mask: bool[B, Tp] True on real tokens.
@@ -256,7 +289,9 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     constraint: optional logit mask (see `Constraint`), also applied when greedy.
     group_size: G; rows [i*G, (i+1)*G) hold the same prompt, which is prefilled once per group
     (see `prefill`); the rows are still sampled independently.
-    Static under jit: graphdef, max_new_tokens, top_k, greedy, group_size (see `sample_jit`).
+    keep_products: also return the decoder layers' products at every fed token
+    (`SampleOutput.products`), so that the update can replay them instead of recomputing them.
+    Static under jit: graphdef, max_new_tokens, top_k, greedy, group_size, keep_products (see `sample_jit`).
     """
     _check_prompts("sample", prompts, prompt_mask)
     _check_group("sample", prompts.shape[0], group_size)
@@ -289,21 +324,23 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     num_real = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
     out, _ = decode(graphdef, params, cache, key_valid, last_hidden, prompt_length, num_real, key,
                     max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
-                    top_k=top_k, greedy=greedy, constraint=constraint)
+                    top_k=top_k, greedy=greedy, constraint=constraint, keep_products=keep_products)
     return out
 
 
 def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key_valid: jax.Array,
            last_hidden: jax.Array, write_from: int, positions_from: jax.Array, key: jax.Array, *,
            max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
-           greedy: bool = False, constraint: Constraint | None = None) -> tuple[SampleOutput, HeadMajorCache]:
+           greedy: bool = False, constraint: Constraint | None = None, keep_products: bool = False
+           ) -> tuple[SampleOutput, HeadMajorCache]:
     """The decode loop of `sample` after a prefill (shapes and arguments as there).
 
     cache: S slots; key_valid bool[B, S]: the slots the new tokens may read (the prompt's real
     tokens, and True on the slots [write_from, write_from + T - 1) the fed tokens are written
     to); last_hidden [B, D]: the hidden state that predicts the first new token; new token i
     (fed at step i + 1) is written at slot write_from + i with position positions_from + i
-    (i32[B]). Returns (the output, the cache with the fed tokens written).
+    (i32[B]). Returns (the output, the cache with the fed tokens written). keep_products: as
+    in `sample`.
     """
     batch = last_hidden.shape[0]
     config = config_of(graphdef, params)
@@ -322,18 +359,24 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key
         index, step_noise = inputs
         if not greedy and not predrawn:
             step_noise = step_gumbel_noise(key, index, noise_shape)
-        cache, previous, done, constraint_state = carry
+        cache, previous, done, constraint_state, products = carry
         write_at = write_from + index - 1
         mask = key_valid[:, None, :slots] & (key_slots[:slots] <= write_at)[None, None, :]
         positions = (positions_from + index - 1)[:, None]
-        hidden, cache = apply_hidden(graphdef, params, previous[:, None], positions, mask, cache, write_at)
+        record = [] if keep_products else None
+        hidden, cache = apply_hidden(graphdef, params, previous[:, None], positions, mask, cache, write_at,
+                                     record=record)
+        if keep_products:
+            products = write_products(products, record, index - 1)
         logits = apply_logits(graphdef, params, hidden[:, 0])
         emitted, logprob, sampling_logprob, live, done, constraint_state = step(
             logits, constraint_state=constraint_state, done=done, noise=step_noise)
-        return (cache, emitted, done, constraint_state), (emitted, logprob, sampling_logprob, live)
+        return (cache, emitted, done, constraint_state, products), (emitted, logprob, sampling_logprob, live)
 
     emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
-    carry, phase_outputs = (emitted0, done0, constraint_state), []
+    products = (product_buffers(config, batch, max_new_tokens - 1, write_from + max_new_tokens - 1)
+                if keep_products and max_new_tokens > 1 else None)
+    carry, phase_outputs = (emitted0, done0, constraint_state, products), []
     for start, end, slots in decode_phases(write_from, max_new_tokens, cache.length):
         (prefix, *carry), out = jax.lax.scan(functools.partial(decode_step, slots=slots),
                                              (_prefix(cache, slots), *carry),
@@ -341,6 +384,7 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key
                                               noise[start:end] if predrawn else None))
         cache = _with_prefix(cache, prefix)
         phase_outputs.append(out)
+    products = carry[-1]
     if phase_outputs:
         rest = [jnp.concatenate(parts, axis=0) for parts in zip(*phase_outputs)]
     else:   # a single new token: no step after the first
@@ -351,11 +395,12 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key
     chex.assert_shape([tokens, logprobs, sampling_logprobs, mask], (batch, max_new_tokens))
     chex.assert_type([tokens, logprobs, sampling_logprobs, mask], [int, jnp.float32, jnp.float32, bool])
     out = SampleOutput(tokens=tokens, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
-                       mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32))
+                       mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32), products=products)
     return out, cache
 
 
-sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "group_size"))
+sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "group_size",
+                                              "keep_products"))
 """`sample` under `jax.jit` (graphdef, max_new_tokens, top_k, greedy and group_size static)."""
 
 
@@ -397,8 +442,8 @@ def logp_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, j
 
 def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
                       prompt_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
-                      temperature: float = 1.0, allowed: jax.Array | None = None, group_size: int = 1
-                      ) -> tuple[jax.Array, jax.Array]:
+                      temperature: float = 1.0, allowed: jax.Array | None = None, group_size: int = 1,
+                      saved: Any = None) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced (logp f32[B, T], entropy f32[B, T]) of `completions` after `prompts`.
 
     prompts/prompt_mask: as for `sample`; completions: i32[B, T]; completion_mask: bool[B, T]
@@ -410,7 +455,10 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
     The causal forward over prompt + completion is run as `sample` runs it: the prompts are
     prefilled into a cache (once per group of `group_size` rows holding the same prompt, see
     `prefill`), then every completion token but the last (which predicts nothing) goes through
-    one cached forward.
+    one cached forward. saved: `SampleOutput.products` of the decode that sampled these
+    completions with these same params: that forward then replays the layers' products
+    instead of recomputing them (the same values up to float rounding; their matmuls run only
+    in the backward pass).
     """
     _check_prompts("sequence_logprobs", prompts, prompt_mask)
     if completions.ndim != 2 or completions.shape[0] != prompts.shape[0]:
@@ -435,7 +483,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
         mask = key_valid[:, None, :] & (jnp.arange(total)[None, None, :] <= query_at[None, :, None])
         positions = prompt_positions(key_valid)[:, prompt_length:]
         hidden, _ = apply_hidden(graphdef, params, completions[:, :-1].astype(jnp.int32), positions, mask, cache,
-                                 prompt_length)
+                                 prompt_length, saved=saved)
         predicting = jnp.concatenate([predicting, hidden], axis=1)
     logits = apply_logits(graphdef, params, predicting) / temperature
     if allowed is not None:

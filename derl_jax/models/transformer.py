@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,8 @@ from flax import nnx, traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from derl_jax.models.attention import (
-    MASKED_SCORE, Cache, HeadMajorCache, apply_rotary, attend, causal_mask, rotary_tables, write_cache)
+    MASKED_SCORE, Cache, HeadMajorCache, apply_rotary, attend, attend_replayed, causal_mask, rotary_tables,
+    write_cache)
 from derl_jax.models.config import DTYPES, ModelConfig, default_compute_dtype  # noqa: F401  (re-exported)
 
 MODEL_AXIS = "model"
@@ -152,6 +153,40 @@ def project_side_by_side(x: jax.Array, kernels: list[jax.Array], biases: list[ja
     return jnp.concatenate(parts, axis=-1)
 
 
+def replayed(fn: Any, value: Any, *args: Any) -> Any:
+    """`fn(*args)` whose value is `value`, the same result computed before (e.g. by the decode
+    loop, one token at a time): the forward pass returns `value` without running `fn`, and the
+    backward pass takes `fn`'s vjp at `args`. XLA drops what that vjp does not read, such as a
+    matmul's product, so a projection replayed this way costs only its backward pass."""
+    @jax.custom_vjp
+    def same(value, args):
+        return value
+
+    def forward(value, args):
+        return value, args
+
+    def backward(args, cotangent):
+        _, vjp = jax.vjp(fn, *args)
+        return jax.tree_util.tree_map(jnp.zeros_like, cotangent), vjp(cotangent)
+
+    same.defvjp(forward, backward)
+    return same(value, args)
+
+
+PRODUCTS = ("qkv", "probs", "attn", "o", "gate_up", "down")
+"""What a layer can record and replay (`Transformer.hidden_states`): the q/k/v projection, the
+attention's probabilities and output, the output projection, the gate/up projection and the
+MLP's down projection."""
+
+
+def _product(name: str, fn: Any, args: tuple, saved: dict | None, record: dict | None) -> jax.Array:
+    """fn(*args), or its value `saved[name]` replayed (`replayed`); recorded under `name`."""
+    value = fn(*args) if saved is None else replayed(fn, saved[name], *args)
+    if record is not None:
+        record[name] = value
+    return value
+
+
 class RMSNorm(nnx.Module):
     """x / rms(x) * scale; the statistics in f32, the result in `dtype`."""
 
@@ -179,24 +214,36 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, score_bias: jax.Array,
-                 cache: Cache | None, cache_index: jax.Array, layer_index: int, queries_from: int = 0
-                 ) -> tuple[jax.Array, Cache | None]:
+                 cache: Cache | None, cache_index: jax.Array, layer_index: int, queries_from: int = 0,
+                 saved: dict | None = None, record: dict | None = None) -> tuple[jax.Array, Cache | None]:
         """x[B, T, D], score_bias f32[B, T, S] (0 or very negative) -> (y[B, T - queries_from, D], cache).
 
         Every position's keys and values are computed (and cached); only positions
         [queries_from, T) query. q, k and v come from one `project_side_by_side` call, and q and
-        k are rotated together.
+        k are rotated together. The products "qkv" [B, T, (H + 2K) * Dh], "attn" [B, T, H * Dh]
+        (with "probs", the attention's probabilities) and "o" [B, T, D] are replayed from `saved`
+        and recorded into `record`.
         """
         batch, length, _ = x.shape
         h, kv = self.num_heads, self.num_kv_heads
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        qkv = project_side_by_side(x, [proj.kernel[...] for proj in projections],
-                                   [proj.bias[...] for proj in projections], x.dtype)
+        qkv = _product("qkv", lambda x, kernels, biases: project_side_by_side(x, kernels, biases, x.dtype),
+                       (x, [proj.kernel[...] for proj in projections], [proj.bias[...] for proj in projections]),
+                       saved, record)
         qkv = qkv.reshape(batch, length, h + 2 * kv, self.head_dim)
         qk, v = jnp.split(qkv, [h + kv], axis=2)
         q, k = jnp.split(apply_rotary(qk, cos, sin), [h], axis=2)
         cache, k, v = write_cache(cache, k, v, cache_index, layer_index)
-        return self.o_proj(attend(q[:, queries_from:], k, v, score_bias[:, queries_from:])), cache
+        if saved is not None:
+            attended = attend_replayed(q[:, queries_from:], k, v, saved["probs"], saved["attn"])
+        else:
+            attended = attend(q[:, queries_from:], k, v, score_bias[:, queries_from:], record)
+        if record is not None:
+            record["attn"] = attended
+        dtype = self.o_proj.dtype
+        out = _product("o", lambda a, kernel: project(a, kernel, None, dtype), (attended, self.o_proj.kernel[...]),
+                       saved, record)
+        return out, cache
 
 
 class MLP(nnx.Module):
@@ -209,11 +256,15 @@ class MLP(nnx.Module):
         self.up_proj = Dense(d, f, shard_input=False, **dense)
         self.down_proj = Dense(f, d, shard_input=True, **dense)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """gate and up come from one `project_side_by_side` call."""
-        kernels = [self.gate_proj.kernel[...], self.up_proj.kernel[...]]
-        gate, up = jnp.split(project_side_by_side(x, kernels, None, self.gate_proj.dtype), 2, axis=-1)
-        return self.down_proj(jax.nn.silu(gate) * up)
+    def __call__(self, x: jax.Array, saved: dict | None = None, record: dict | None = None) -> jax.Array:
+        """gate and up come from one `project_side_by_side` call; the products "gate_up" [..., 2F]
+        and "down" [..., D] are replayed from `saved` and recorded into `record` (`_product`)."""
+        dtype = self.gate_proj.dtype
+        gate_up = _product("gate_up", lambda x, kernels: project_side_by_side(x, kernels, None, dtype),
+                           (x, [self.gate_proj.kernel[...], self.up_proj.kernel[...]]), saved, record)
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        return _product("down", lambda h, kernel: project(h, kernel, None, dtype),
+                        (jax.nn.silu(gate) * up, self.down_proj.kernel[...]), saved, record)
 
 
 class DecoderLayer(nnx.Module):
@@ -226,13 +277,15 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm)
         self.mlp = MLP(config)
 
-    def __call__(self, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from=0):
+    def __call__(self, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from=0, saved=None,
+                 record=None):
         """x[B, T, D] -> (y[B, T - queries_from, D], cache): the outputs of positions
-        [queries_from, T) only (keys and values of all T are still written)."""
+        [queries_from, T) only (keys and values of all T are still written). `saved` and
+        `record`: this layer's products (`PRODUCTS`), see `Transformer.hidden_states`."""
         attended, cache = self.attn(self.input_norm(x), cos, sin, score_bias, cache, cache_index, layer_index,
-                                    queries_from)
+                                    queries_from, saved, record)
         x = x[:, queries_from:] + attended
-        return x + self.mlp(self.post_attn_norm(x)), cache
+        return x + self.mlp(self.post_attn_norm(x), saved, record), cache
 
 
 class Embedding(nnx.Module):
@@ -242,8 +295,9 @@ class Embedding(nnx.Module):
         self.embedding = _param((vocab_size, hidden_size), param_dtype, (MODEL_AXIS, None))
 
 
-def _run_layer(layer: DecoderLayer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from):
-    return layer(x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from)
+def _run_layer(layer: DecoderLayer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from,
+               saved=None, record=None):
+    return layer(x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from, saved, record)
 
 
 _run_layer_remat = nnx.remat(_run_layer, static_argnums=(7, 8))
@@ -304,7 +358,8 @@ class Transformer(nnx.Module):
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array,
                       attention_mask: jax.Array | None = None, cache: Cache | None = None,
-                      cache_index: jax.Array | int = 0, last: int | None = None
+                      cache_index: jax.Array | int = 0, last: int | None = None,
+                      saved: Sequence[dict] | None = None, record: list | None = None
                       ) -> tuple[jax.Array, Cache | None]:
         """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
 
@@ -319,6 +374,12 @@ class Transformer(nnx.Module):
         wants 1). The last layer then runs its queries, output projection and MLP, and the final
         norm, over those n positions alone; its keys and values still cover all T (the cache is
         the same). Each position's value is the same as in the full result.
+
+        saved: per layer, the products of `PRODUCTS` as computed before for these same tokens
+        ([B, T, X] each, "probs" f32[B, K, G, T, S]; e.g. kept by the decode loop): they are
+        replayed (`replayed`, `attend_replayed`), so the matmuls that made them run only in the
+        backward pass. record: a list that gets one
+        dict of this call's products per layer. Neither under `ModelConfig.remat`.
         """
         config = self.config
         if tokens.ndim != 2 or positions.shape != tokens.shape:
@@ -353,13 +414,24 @@ class Transformer(nnx.Module):
         x = jnp.take(self.embed.embedding[...], tokens, axis=0).astype(config.compute_dtype)
         # A one-token decode step keeps no activations worth recomputing, and it runs inside the
         # sampler's scan, where nnx.remat cannot lift the layer's parameters.
+        if (saved is not None or record is not None) and config.remat:
+            raise ValueError("Transformer: saved or recorded products need ModelConfig.remat=False")
+        if saved is not None and len(saved) != config.num_layers:
+            raise ValueError(f"Transformer: saved holds {len(saved)} layers, the model {config.num_layers}")
         run = _run_layer_remat if config.remat and length > 1 else _run_layer
         if last is not None and not (isinstance(last, int) and 1 <= last <= length):
             raise ValueError(f"Transformer: last must be an int in [1, {length}] (the positions kept), got {last!r}")
         final = len(self.layers) - 1
         for layer_index, layer in enumerate(self.layers):
             queries_from = length - last if last is not None and layer_index == final else 0
-            x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from)
+            layer_record = None if record is None else {}
+            if run is _run_layer_remat:
+                x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from)
+            else:
+                x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from,
+                               None if saved is None else saved[layer_index], layer_record)
+            if record is not None:
+                record.append(layer_record)
         return self.final_norm(x), cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -406,10 +478,11 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, position
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: Cache | None = None,
-                 cache_index: jax.Array | int = 0, last: int | None = None) -> tuple[jax.Array, Cache | None]:
+                 cache_index: jax.Array | int = 0, last: int | None = None, saved: Sequence[dict] | None = None,
+                 record: list | None = None) -> tuple[jax.Array, Cache | None]:
     """Functional `Transformer.hidden_states`: (hidden [B, T, D], or [B, last, D] with `last`, cache)."""
     return merge_model(graphdef, params).hidden_states(tokens, positions, attention_mask, cache, cache_index,
-                                                       last)
+                                                       last, saved, record)
 
 
 def apply_logits(graphdef: nnx.GraphDef, params: nnx.State, hidden: jax.Array) -> jax.Array:

@@ -536,10 +536,11 @@ def grpo_update(
     if "mask" not in batch:
         raise KeyError(f"grpo_update: batch has no 'mask'; keys: {sorted(batch)}")
     num_rows = batch["mask"].shape[0]
-    for name, leaf in batch.items():
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
         if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] != num_rows:
             raise ValueError(
-                f"grpo_update: batch[{name!r}] has shape {jnp.shape(leaf)}, expected leading axis N={num_rows}"
+                f"grpo_update: batch{jax.tree_util.keystr(path)} has shape {jnp.shape(leaf)}, expected leading axis "
+                f"N={num_rows}"
             )
     order = minibatch_indices(key, num_rows, cfg.epochs, cfg.minibatches)
     if mesh is not None:
@@ -569,7 +570,7 @@ def grpo_update(
 
     def step(carry, rows):
         params, opt_state = carry
-        minibatch = batch if cfg.minibatches == 1 else {name: leaf[rows] for name, leaf in batch.items()}
+        minibatch = batch if cfg.minibatches == 1 else jax.tree_util.tree_map(lambda leaf: leaf[rows], batch)
         grads, metrics = minibatch_grads(params, minibatch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)

@@ -17,7 +17,9 @@ steps. Step s:
     episode, shared by all its turns; with `inner.self_reward_credit="turn"` one per turn,
     see below) -> reference log-probs under the frozen initial
     policy (for the KL penalty or the KL metric) -> `grpo_update` (epochs x minibatches
-    optimizer steps; the importance ratio's old log-probs are the sampler's).
+    optimizer steps; the importance ratio's old log-probs are the sampler's; with one
+    optimizer step per batch the update replays the decode's layer products instead of
+    running its forward pass again, `rollout.keeps_products`).
 
 DAPO's additions (`derl_jax.rl.dapo`; single-turn kinds): with `overlong_buffer` > 0 each
 completion's reward gets `overlong_penalty` of its length before the advantages; with
@@ -241,8 +243,9 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             update_batch = dict(update_batch, advantages=advantages)
             if cfg.top_k != 0:  # the top-k filtered sampling distribution is not the one the update differentiates
                 update_batch["old_logp"] = completion_logprobs(params, update_batch, rollout.prefill_group)[0]
-            if cfg.uses_reference:
-                update_batch["ref_logp"] = completion_logprobs(reference, update_batch, rollout.prefill_group)[0]
+            if cfg.uses_reference:   # the decode's products belong to `params`, not to the reference
+                reference_rows = {name: rows for name, rows in update_batch.items() if name != "products"}
+                update_batch["ref_logp"] = completion_logprobs(reference, reference_rows, rollout.prefill_group)[0]
             update_batch = jax.lax.stop_gradient(update_batch)
             params, opt_state, update = grpo_update(params, opt_state, update_batch, update_key,
                                                     completion_logprobs, optimizer, cfg.grpo, **data_split)

@@ -17,7 +17,8 @@ mask bool[N, T]; multi-turn: step_scores f32[N, S], step_mask bool[N, S], succes
 plus tokens/mask of every action [N, S, A], and self_rewards f32[N, S] when the environment
 reports info["self_reward"]); `update_batch` holds one row per episode for GRPO, whatever
 `DeviceRollout.logprobs` reads: single turn prompts i32[N, Tp], prompt_mask, completions
-i32[N, T], mask bool[N, T] True on policy tokens only, old_logp f32[N, T]; multi-turn the
+i32[N, T], mask bool[N, T] True on policy tokens only, old_logp f32[N, T], and when
+`keeps_products` the decode's layer products (`SampleOutput.products`); multi-turn the
 turns' completions, mask and old_logp [N, S, A] (GRPO treats each [A] slice as a sequence) and
 what their prompts are read from (below).
 
@@ -62,6 +63,8 @@ from flax import nnx, struct
 from derl_jax.domains.base import FULL_HISTORY, TokenDataset
 from derl_jax.domains.env import checked_reset, checked_step, is_host_env, left_pack, window_history
 from derl_jax.models import sampling, streams
+from derl_jax.models.config import ModelConfig
+from derl_jax.models.transformer import config_of
 from derl_jax.rl.host_env import HostEnvBridge
 
 ROLLOUT_KINDS = ("device", "host", "env")
@@ -86,10 +89,12 @@ class DeviceRollout:
 
 
 def row_logprobs(graphdef: nnx.GraphDef) -> Callable:
-    """`DeviceRollout.logprobs` of update rows (prompts, prompt_mask, completions, mask)."""
+    """`DeviceRollout.logprobs` of update rows (prompts, prompt_mask, completions, mask, and the
+    decode's `products` when the rows hold them: valid for the params that sampled the rows)."""
     def logprobs(params, rows, temperature: float, group_size: int = 1):
         return sampling.sequence_logprobs(graphdef, params, rows["prompts"], rows["prompt_mask"], rows["completions"],
-                                          rows["mask"], temperature, group_size=group_size)
+                                          rows["mask"], temperature, group_size=group_size,
+                                          saved=rows.get("products"))
 
     return logprobs
 
@@ -115,24 +120,49 @@ def stream_row_logprobs(graphdef: nnx.GraphDef) -> Callable:
     return logprobs
 
 
-def _generate(graphdef, params, prompts, prompt_mask, key, *, domain, cfg, greedy, group_size):
+def _generate(graphdef, params, prompts, prompt_mask, key, *, domain, cfg, greedy, group_size, keep_products=False):
     return sampling.sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=cfg.max_new_tokens,
                            eos_id=domain.eos_id, pad_id=domain.pad_id, temperature=cfg.temperature,
-                           top_k=cfg.top_k, greedy=greedy, group_size=group_size)
+                           top_k=cfg.top_k, greedy=greedy, group_size=group_size, keep_products=keep_products)
+
+
+PRODUCTS_MAX_BYTES = 256 * 2**20
+"""The decode keeps its layers' products for the update (`keeps_products`) while they take at
+most this many bytes a step."""
+
+
+def keeps_products(model: ModelConfig, cfg: Any, rows: int, prompt_tokens: int) -> bool:
+    """Whether the single-turn decode keeps its layers' products (`SampleOutput.products`) for
+    the update to replay: the update's one optimizer step (`grpo.epochs` = `grpo.minibatches` =
+    1) differentiates at the params that sampled, the model is not rematerialised, and the
+    products of `rows` rows after prompts of `prompt_tokens` take at most PRODUCTS_MAX_BYTES."""
+    itemsize = jnp.dtype(model.compute_dtype).itemsize
+    keys = prompt_tokens + cfg.max_new_tokens - 1
+    per_token = model.num_layers * (itemsize * ((2 * model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+                                                + 2 * model.hidden_size + 2 * model.intermediate_size)
+                                    + 4 * model.num_heads * keys)
+    size = rows * max(cfg.max_new_tokens - 1, 0) * per_token
+    return (cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and not model.remat and cfg.max_new_tokens > 1
+            and size <= PRODUCTS_MAX_BYTES)
 
 
 def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
     """Device single-turn rollouts: sample T tokens after each prompt (rows [b*G, (b+1)*G)
-    share a prompt when sampling for training)."""
+    share a prompt when sampling for training). A training batch (not greedy) carries the
+    decode's products (`update_batch["products"]`) when `keeps_products`: the update's forward
+    then replays them instead of running its matmuls again."""
     group = cfg.group_size
 
     def fn(params, batch: TokenDataset, key, greedy: bool):
         prompts, prompt_mask = over_data(batch.prompts), over_data(batch.prompt_mask)
+        keep = not greedy and keeps_products(config_of(graphdef, params), cfg, *prompts.shape)
         out = _generate(graphdef, params, prompts, prompt_mask, key, domain=domain, cfg=cfg, greedy=greedy,
-                        group_size=1 if greedy else group)
+                        group_size=1 if greedy else group, keep_products=keep)
         episode = {"tokens": out.tokens, "mask": out.mask}
         update_batch = {"prompts": prompts, "prompt_mask": prompt_mask, "completions": out.tokens,
                         "mask": out.mask, "old_logp": out.sampling_logprobs}
+        if keep:
+            update_batch["products"] = jax.tree_util.tree_map(over_data, out.products)
         return episode, update_batch
 
     return DeviceRollout(fn=fn, prefill_group=group, logprobs=row_logprobs(graphdef))
