@@ -4,6 +4,7 @@
     python benchmarks/bench_inner.py --quick    # K = 1, 4, fewer steps
     python benchmarks/bench_inner.py --k1       # only K = 1 against TRL, 3 trials: the per-step comparison
     python benchmarks/bench_inner.py --k1 --trials 5 --out result.json   # five trials, the JSON kept
+    python benchmarks/bench_inner.py --k1 --trials 4 --pairs 20   # and 20 TRL steps paired with ours per trial
 
 Every step samples 16 prompts x 8 completions = 128 completions (--prompts, --group). With
 several trials (`--trials`, default 3 with --k1, else 1) the summary gives the median of each
@@ -33,6 +34,15 @@ step is the median of as many steps as one of our timed runs holds (8; 2 with --
 The K = 1 loops are then timed again (`step_ms_after_trl`), and the per-step ratio against
 TRL uses the mean of ours before and after TRL (`step_ms_bracketed`): the speed of a shared
 host drifts over a run, and bracketing the reference cancels a drift that is linear in time.
+
+With `--pairs P` TRL then trains 2P more steps: our fastest K = 1 mode is timed again (one
+warm-up and 3 timed runs of 8 steps, about a second), TRL runs one step untimed (its own
+warm-up after ours) and then one timed step; that step and the timing of ours just before it
+make a pair, and their ratio is taken per pair. On a shared
+host TRL's step moves with the host's load more than ours does, so a ratio of two medians
+taken at different moments is noisier than the median of ratios taken a second apart. The
+summary gives the median of the pairs' ratios over every trial and its 95% interval from a
+bootstrap over trials and pairs (`paired_speedup_*`).
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import report  # noqa: E402
+from derl_jax.experiment.stats import BOOTSTRAP_REPS, BOOTSTRAP_SEED, crossed_bootstrap  # noqa: E402
 from derl_jax.domains.arith import BOX_CLOSE, BOX_OPEN, make_arith_domain  # noqa: E402
 from derl_jax.expr import compile_expr, parse, stack_programs  # noqa: E402
 from derl_jax.models.transformer import init_params  # noqa: E402
@@ -233,6 +244,15 @@ def jax_rows(args) -> tuple[list[dict], dict]:
     return rows, {"domain": domain, "model_cfg": model_cfg, "retime_k1": retime}
 
 
+def fastest_k1(rows_and_timers, steps: int) -> tuple[str | None, object]:
+    """(mode, () -> its ms per step timed now) for the K = 1 mode that was fastest in its first
+    timing; (None, None) without one."""
+    if not rows_and_timers:
+        return None, None
+    row, timer = min(rows_and_timers, key=lambda pair: pair[0]["step_ms_per_candidate"])
+    return row["mode"], lambda: 1e3 * timer() / steps
+
+
 def time_again_after(rows_and_timers, steps: int) -> None:
     """Time the K = 1 loops again (compiled already) and add `step_ms_after_trl` and
     `step_ms_bracketed` (the mean of the two) to their rows: the host's speed drifts over a
@@ -273,7 +293,50 @@ def char_tokenizer(domain):
                                    pad_token=names[domain.pad_id], padding_side="left")
 
 
-def trl_row(args, domain, model_cfg) -> dict:
+class StepClock:
+    """Time stamps of TRL's optimizer-step ends (`step_ended`, called by a trainer callback):
+    the gaps between them are whole steps (batch, generation, rewards, update), whatever the
+    trainer does before `on_step_begin`. The first `timed_steps` + 1 ends time a warm-up step
+    and `timed_steps` steps (`timed_steps_s`). Then, while fewer than `pairs` pairs are done,
+    `ours_before_step()` (ours in ms, with its own warm-up run) runs after a step end, the next
+    TRL step runs untimed (TRL's warm-up after ours) and the one after it is timed:
+    `paired_trl_ms[j]` pairs with `paired_ours_ms[j]`."""
+
+    def __init__(self, timed_steps: int, pairs: int = 0, ours_before_step=None, clock=time.perf_counter):
+        self.timed_steps, self.pairs, self.ours_before_step, self.clock = timed_steps, pairs, ours_before_step, clock
+        self.step_ends: list[float] = []
+        self.paired_trl_ms: list[float] = []
+        self.paired_ours_ms: list[float] = []
+        self.waiting_for: str | None = None   # "warm-up" or "timed": the TRL step now running
+        self.resumed = 0.0
+
+    def steps_needed(self) -> int:
+        return self.timed_steps + 1 + 2 * self.pairs
+
+    def step_ended(self) -> None:
+        now = self.clock()
+        if len(self.step_ends) <= self.timed_steps:
+            self.step_ends.append(now)
+        elif self.waiting_for == "warm-up":
+            self.waiting_for, self.resumed = "timed", now
+            return
+        elif self.waiting_for == "timed":
+            self.paired_trl_ms.append(1e3 * (now - self.resumed))
+            self.waiting_for = None
+        if len(self.step_ends) > self.timed_steps and self.waiting_for is None and len(self.paired_ours_ms) < self.pairs:
+            self.paired_ours_ms.append(self.ours_before_step())
+            self.waiting_for = "warm-up"
+
+    def timed_steps_s(self) -> list[float]:
+        """Seconds of each timed step (the warm-up step left out)."""
+        return [float(gap) for gap in np.diff(self.step_ends)]
+
+
+def trl_row(args, domain, model_cfg, ours_before_step=None) -> dict:
+    """TRL's step (the median of `args.trl_steps` steps after a warm-up step) and, with
+    `args.pairs` > 0 and `ours_before_step` (() -> our step in ms, timed then), that many
+    more TRL steps each paired with a timing of ours just before it (`StepClock`;
+    `paired_trl_step_ms`, `paired_ours_step_ms`)."""
     import datasets
     import torch
     import transformers
@@ -295,29 +358,56 @@ def trl_row(args, domain, model_cfg) -> dict:
     problems = domain.info["train_problems"]
     dataset = datasets.Dataset.from_dict({"prompt": [p.prompt for p in problems],
                                           "answer": [p.answer for p in problems]})
-    step_ends: list[float] = []
+    pairs = args.pairs if ours_before_step is not None else 0
+    clock = StepClock(args.trl_steps, pairs, ours_before_step)
 
     class StepTimer(transformers.TrainerCallback):
-        """Time stamps of optimizer-step ends; the gaps between them are whole steps
-        (batch, generation, rewards, update), whatever the trainer does before `on_step_begin`."""
-
         def on_step_end(self, *_, **__):
-            step_ends.append(time.perf_counter())
+            clock.step_ended()
 
     with tempfile.TemporaryDirectory() as output_dir:
         trl_args = TRLConfig(
             output_dir=output_dir, per_device_train_batch_size=args.prompts * args.group,
             num_generations=args.group, max_completion_length=domain.max_new_tokens, temperature=1.0,
-            learning_rate=3e-4, beta=0.0, num_iterations=1, max_steps=args.trl_steps + 1,
+            learning_rate=3e-4, beta=0.0, num_iterations=1, max_steps=clock.steps_needed(),
             logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none",
             use_vllm=False, use_cpu=True, gradient_checkpointing=False, disable_tqdm=True, bf16=False, seed=0)
         trainer = GRPOTrainer(model=model, reward_funcs=outcome_reward, args=trl_args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[StepTimer()])
         trainer.train()
-    measured = list(np.diff(step_ends))  # step 1 (warm-up) is left out
-    return {"K": 1, "mode": "trl_grpo_trainer", "chunk": 0, "run_s": round(sum(measured), 3),
-            "step_ms_per_candidate": round(1e3 * statistics.median(measured), 2),
-            "grpo_steps_per_s": round(1.0 / statistics.median(measured), 3), "measured_steps": len(measured)}
+    measured = clock.timed_steps_s()
+    row = {"K": 1, "mode": "trl_grpo_trainer", "chunk": 0, "run_s": round(sum(measured), 3),
+           "step_ms_per_candidate": round(1e3 * statistics.median(measured), 2),
+           "grpo_steps_per_s": round(1.0 / statistics.median(measured), 3), "measured_steps": len(measured)}
+    if pairs:
+        row["paired_trl_step_ms"] = [round(ms, 2) for ms in clock.paired_trl_ms]
+        row["paired_ours_step_ms"] = [round(ms, 2) for ms in clock.paired_ours_ms[:len(clock.paired_trl_ms)]]
+    return row
+
+
+def paired_speedup(trl_ms, ours_ms) -> dict:
+    """TRL's step over ours, pair by pair: trl_ms, ours_ms f[trials, pairs] (pair j of a trial
+    = a TRL step and ours timed just before it). Returns the median of the ratios, its 95%
+    percentile interval from a bootstrap that draws trials and pairs with replacement
+    (`stats.crossed_bootstrap`: the pairs of one trial share its process and compilation),
+    each trial's median, the number of pairs, and the median ratio within each quarter of the
+    pairs sorted by TRL's step (`paired_speedup_by_trl_quartile`, fastest TRL steps first: on a
+    shared host TRL's step is fastest when the host is quietest)."""
+    trl_ms, ours_ms = np.asarray(trl_ms, dtype=np.float64), np.asarray(ours_ms, dtype=np.float64)
+    if trl_ms.shape != ours_ms.shape or trl_ms.ndim != 2 or trl_ms.size == 0:
+        raise ValueError(f"paired_speedup: trl_ms and ours_ms must be the same non-empty [trials, pairs], "
+                         f"got {trl_ms.shape} and {ours_ms.shape}")
+    ratios = trl_ms / ours_ms
+    interval = crossed_bootstrap(lambda r: np.array([np.median(r)]), ratios, reps=BOOTSTRAP_REPS,
+                                 seed=BOOTSTRAP_SEED)
+    return {"paired_speedup_median": round(float(np.median(ratios)), 2),
+            "paired_speedup_ci95": [round(float(interval[0, 0]), 2), round(float(interval[1, 0]), 2)],
+            "paired_speedup_trials": [round(float(m), 2) for m in np.median(ratios, axis=1)],
+            "paired_count": int(ratios.size),
+            "paired_speedup_by_trl_quartile": [
+                round(float(np.median(quarter)), 2)
+                for quarter in np.array_split(ratios.ravel()[np.argsort(trl_ms.ravel(), kind="stable")], 4)
+                if quarter.size]}
 
 
 def trial_summary(args, rows) -> dict:
@@ -355,6 +445,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompts", type=int, default=16, help="prompts per GRPO step (B; default 16)")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt (G; default 8)")
     parser.add_argument("--out", default=None, help="also write the result JSON here")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="after TRL's timed steps, this many more, each paired with a timing of ours "
+                             "just before it (K = 1 only; the summary's paired_speedup_*)")
     parser.add_argument("--trials", type=int, default=None,
                         help="repeat everything (ours, then TRL) this many times; the summary gives medians, "
                              "ranges and each trial's ratios (default 3 with --k1, else 1)")
@@ -364,6 +457,10 @@ def main(argv=None) -> dict:
     for name in ("prompts", "group", "trials"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if args.pairs < 0:
+        parser.error(f"--pairs must be 0 or a positive integer, got {args.pairs}")
+    if args.pairs and args.no_trl:
+        parser.error("--pairs pairs TRL's steps with ours: it cannot be used with --no-trl")
     args.candidates = (1,) if args.k1 else (1, 4) if args.quick else (1, 8, 32)
     if args.only_candidates:
         args.candidates = tuple(args.only_candidates)
@@ -375,7 +472,10 @@ def main(argv=None) -> dict:
     for trial in range(args.trials):
         trial_rows, setup = jax_rows(args)
         if not args.no_trl:
-            trial_rows.append(trl_row(args, setup["domain"], setup["model_cfg"]))
+            mode, ours_now = fastest_k1(setup["retime_k1"], args.steps)
+            trial_rows.append(trl_row(args, setup["domain"], setup["model_cfg"], ours_now))
+            if "paired_trl_step_ms" in trial_rows[-1]:
+                trial_rows[-1]["paired_ours_mode"] = mode
             time_again_after(setup["retime_k1"], args.steps)
         summaries.append(trial_summary(args, trial_rows))
         if args.trials > 1:
@@ -387,11 +487,15 @@ def main(argv=None) -> dict:
         for name in [n for n in summaries[0] if n.startswith("speedup") or n.startswith("best_batched")]:
             values = [float(s[name]) for s in summaries]
             summary.update({f"{name}_min": min(values), f"{name}_max": max(values), f"{name}_trials": values})
+    paired = [r for r in rows if "paired_trl_step_ms" in r]
+    if paired:
+        summary.update(paired_speedup([r["paired_trl_step_ms"] for r in paired],
+                                      [r["paired_ours_step_ms"] for r in paired]))
     summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"], **library_versions(),
               "max_new_tokens": DOMAIN["max_new_tokens"],
               "prompts_per_step": args.prompts, "group_size": args.group,
-              "completions_per_step": args.prompts * args.group, "steps": args.steps,
+              "completions_per_step": args.prompts * args.group, "steps": args.steps, "pairs": args.pairs,
               "candidates": args.candidates, "chunk_size": args.chunk, "trials": args.trials}
     columns = ["trial"] * (args.trials > 1) + ["K", "mode", "chunk", "compile_s", "run_s", "step_ms_per_candidate", "grpo_steps_per_s",
                "tokens_per_s", "exec_mib", "speedup_vs_loop"] + ["step_ms_after_trl", "step_ms_bracketed"] * (not args.no_trl)
