@@ -38,11 +38,11 @@ host drifts over a run, and bracketing the reference cancels a drift that is lin
 With `--pairs P` TRL then trains 2P more steps: our fastest K = 1 mode is timed again (one
 warm-up and 3 timed runs of 8 steps, about a second), TRL runs one step untimed (its own
 warm-up after ours) and then one timed step; that step and the timing of ours just before it
-make a pair, and their ratio is taken per pair. On a shared
-host TRL's step moves with the host's load more than ours does, so a ratio of two medians
-taken at different moments is noisier than the median of ratios taken a second apart. The
-summary gives the median of the pairs' ratios over every trial and its 95% interval from a
-bootstrap over trials and pairs (`paired_speedup_*`).
+make a pair, and their ratio is taken per pair. On a shared host TRL's step moves with the
+host's load more than ours does, so a ratio of two medians taken at different moments is
+noisier than the median of ratios taken a second apart. The summary gives the median of the
+pairs' ratios over every trial, its 95% interval from a bootstrap over trials and pairs, and
+the median ratio in each quarter of the pairs sorted by TRL's step (`paired_speedup_*`).
 """
 
 from __future__ import annotations

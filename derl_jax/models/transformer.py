@@ -425,11 +425,8 @@ class Transformer(nnx.Module):
         for layer_index, layer in enumerate(self.layers):
             queries_from = length - last if last is not None and layer_index == final else 0
             layer_record = None if record is None else {}
-            if run is _run_layer_remat:
-                x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from)
-            else:
-                x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from,
-                               None if saved is None else saved[layer_index], layer_record)
+            x, cache = run(layer, x, cos, sin, score_bias, cache, cache_index, layer_index, queries_from,
+                           None if saved is None else saved[layer_index], layer_record)
             if record is not None:
                 record.append(layer_record)
         return self.final_norm(x), cache

@@ -135,15 +135,13 @@ def keeps_products(model: ModelConfig, cfg: Any, rows: int, prompt_tokens: int) 
     """Whether the single-turn decode keeps its layers' products (`SampleOutput.products`) for
     the update to replay: the update's one optimizer step (`grpo.epochs` = `grpo.minibatches` =
     1) differentiates at the params that sampled, the model is not rematerialised, and the
-    products of `rows` rows after prompts of `prompt_tokens` take at most PRODUCTS_MAX_BYTES."""
-    itemsize = jnp.dtype(model.compute_dtype).itemsize
-    keys = prompt_tokens + cfg.max_new_tokens - 1
-    per_token = model.num_layers * (itemsize * ((2 * model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-                                                + 2 * model.hidden_size + 2 * model.intermediate_size)
-                                    + 4 * model.num_heads * keys)
-    size = rows * max(cfg.max_new_tokens - 1, 0) * per_token
-    return (cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and not model.remat and cfg.max_new_tokens > 1
-            and size <= PRODUCTS_MAX_BYTES)
+    products of `rows` rows after prompts of `prompt_tokens` (`sampling.product_buffers`) take
+    at most PRODUCTS_MAX_BYTES."""
+    if not (cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and not model.remat and cfg.max_new_tokens > 1):
+        return False
+    fed = cfg.max_new_tokens - 1
+    buffers = jax.eval_shape(lambda: sampling.product_buffers(model, rows, fed, prompt_tokens + fed))
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(buffers)) <= PRODUCTS_MAX_BYTES
 
 
 def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable = lambda x: x) -> DeviceRollout:
