@@ -211,6 +211,26 @@ def test_the_decode_keeps_its_products_only_for_one_update_at_the_sampling_param
     assert not keeps(config, INNER, rollout.PRODUCTS_MAX_BYTES // per_row + 1, 7)
 
 
+def test_the_single_turn_scratch_has_the_shapes_of_the_products_it_is_replaced_by():
+    # the loop carries update_batch["products"] into the next step's decode as its scratch: the
+    # two must be the same tree of shapes; no scratch where the decode keeps no products
+    domain, graphdef, params, _, train, _ = tiny_setup()
+    rows = TINY_INNER.rollouts_per_step
+    batch = train.take(jnp.repeat(jnp.arange(TINY_INNER.prompts_per_step), TINY_INNER.group_size))
+    device = rollout.single_turn(domain, graphdef, TINY_INNER)
+    scratch = device.scratch(params, rows, batch.prompts.shape[1])
+    assert scratch is not None and len(scratch) == transformer.config_of(graphdef, params).num_layers
+    garbage = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, 3.0, a.dtype), scratch)
+    _, update_batch = jax.jit(device.fn, static_argnums=3)(params, batch, TINY_KEY, False, garbage)
+    _, fresh = jax.jit(device.fn, static_argnums=3)(params, batch, TINY_KEY, False)
+    assert jax.tree_util.tree_structure(update_batch["products"]) == jax.tree_util.tree_structure(scratch)
+    for got, want, like in zip(*map(jax.tree_util.tree_leaves, (update_batch["products"], fresh["products"], scratch))):
+        assert got.shape == like.shape and got.dtype == like.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    epochs = TINY_INNER.replace(grpo=GRPOConfig(epochs=2))
+    assert rollout.single_turn(domain, graphdef, epochs).scratch(params, rows, batch.prompts.shape[1]) is None
+
+
 @pytest.mark.slow
 def test_common_random_numbers_make_affine_equivalent_rewards_train_alike():
     # group-normalised advantages do not change under r -> a*r + b (a > 0): with one shared key

@@ -71,6 +71,36 @@ def test_head_major_cache_decodes_like_the_kv_cache_and_the_full_forward(model):
     np.testing.assert_allclose(logits["head_major"], logits["kv"], atol=2e-5)
 
 
+def test_a_cache_with_keys_last_decodes_like_the_head_major_one(model):
+    # keys stored [B, K, Dh, S] (the decode's layout): the same logits step by step, and the same
+    # cache once laid out back; per-token slot writes are refused
+    config, graphdef, params = model
+    batch, prompt_len, total = 2, 4, 9
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, VOCAB, (batch, total)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(total), (batch, total))
+    forward = jax.jit(tr.apply, static_argnums=0)
+    _, cache = forward(graphdef, params, tokens[:, :prompt_len], positions[:, :prompt_len], None,
+                       attention.init_head_major_cache(config, batch, total), 0)
+    caches = {"head_major": cache, "keys_last": cache.with_keys_last(True)}
+    assert caches["keys_last"].k[0].shape == (batch, 2, 8, total) and caches["keys_last"].length == total
+    assert caches["keys_last"].with_keys_last(True) is caches["keys_last"]
+    logits = {name: [] for name in caches}
+    for name in caches:
+        for index in range(prompt_len, total):
+            step, caches[name] = forward(graphdef, params, tokens[:, index:index + 1], positions[:, index:index + 1],
+                                         None, caches[name], index)
+            logits[name].append(np.asarray(step))
+    assert caches["keys_last"].keys_last and not caches["head_major"].keys_last
+    np.testing.assert_allclose(np.concatenate(logits["keys_last"], 1), np.concatenate(logits["head_major"], 1),
+                               atol=2e-5)
+    back = caches["keys_last"].with_keys_last(False)
+    for got, want in zip(back.k + back.v, caches["head_major"].k + caches["head_major"].v):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
+    slots = jnp.zeros((batch, 1), jnp.int32)
+    with pytest.raises(ValueError, match="keys_last"):
+        attention.write_cache(caches["keys_last"], jnp.zeros((batch, 1, 2, 8)), jnp.zeros((batch, 1, 2, 8)), slots, 0)
+
+
 @pytest.mark.slow
 def test_grouped_prefill_samples_what_the_ungrouped_one_samples(model, grouped):
     _, graphdef, params = model

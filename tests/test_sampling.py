@@ -1,5 +1,7 @@
 """KV-cache sampling against uncached references; constraints; teacher-forced log-probs."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -305,6 +307,34 @@ def test_decode_products_replayed_give_the_same_logprobs_and_gradients(model, gr
         got = np.asarray(got.get_value())
         assert np.abs(want).max() > 0, path
         np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=1e-4, err_msg=str(path))
+
+
+def test_the_decode_overwrites_every_element_of_the_product_scratch(model, monkeypatch):
+    # product_scratch (the buffers of the step before) may hold anything: the decode writes every
+    # element, so garbage in it changes neither the products nor the draws; the probabilities
+    # are 0 on the key slots a step did not read (the first phase reads fewer than the buffer holds)
+    config, graphdef, params = model
+    _, prompts, mask = _batch()
+    monkeypatch.setattr(sm, "DECODE_BLOCK", 4)   # phases of 8 and 12 slots: the first reads fewer than 11
+    assert len(sm.decode_phases(6, MAX_NEW, 6 + MAX_NEW)) == 2
+    sample = jax.jit(functools.partial(sm.sample, max_new_tokens=MAX_NEW, eos_id=NEVER, pad_id=PAD, keep_products=True),
+                     static_argnums=0)   # compiled here, under the patched block
+
+    def _sample(graphdef, params, prompts, mask, key, keep_products, product_scratch=None):
+        return sample(graphdef, params, prompts, mask, jax.random.key(key), product_scratch=product_scratch)
+
+    fresh = _sample(graphdef, params, prompts, mask, key=4, keep_products=True)
+    shapes = jax.eval_shape(lambda: sm.product_buffers(config, 3, MAX_NEW - 1, 6 + MAX_NEW - 1))
+    rng = np.random.default_rng(9)
+    garbage = jax.tree_util.tree_map(lambda a: jnp.asarray(rng.normal(size=a.shape) + 7.0, a.dtype), shapes)
+    reused = _sample(graphdef, params, prompts, mask, key=4, keep_products=True, product_scratch=garbage)
+    chex.assert_trees_all_equal(reused.tokens, fresh.tokens)
+    chex.assert_trees_all_equal(reused.products, fresh.products)
+    probs = np.asarray(fresh.products[0]["probs"])   # [B, K, G, T - 1, S]
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(probs[:, :, :, 0, 6 + 1:] == 0.0)   # the first fed token reads the prompt and itself
+    with pytest.raises(AssertionError):
+        _sample(graphdef, params, prompts, mask, key=4, keep_products=True, product_scratch=garbage[:1])
 
 
 @pytest.mark.slow

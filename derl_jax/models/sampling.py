@@ -183,7 +183,8 @@ def decode_phases(write_from: int, max_new_tokens: int, cache_length: int) -> li
 
 
 def _prefix(cache: HeadMajorCache, slots: int) -> HeadMajorCache:
-    return HeadMajorCache(k=tuple(a[:, :, :slots] for a in cache.k), v=tuple(a[:, :, :slots] for a in cache.v))
+    keys = tuple(a[..., :slots] if cache.keys_last else a[:, :, :slots] for a in cache.k)
+    return HeadMajorCache(k=keys, v=tuple(a[:, :, :slots] for a in cache.v), keys_last=cache.keys_last)
 
 
 def _with_prefix(cache: HeadMajorCache, prefix: HeadMajorCache) -> HeadMajorCache:
@@ -191,7 +192,8 @@ def _with_prefix(cache: HeadMajorCache, prefix: HeadMajorCache) -> HeadMajorCach
     def put(full, part):
         return jax.lax.dynamic_update_slice(full, part, (0, 0, 0, 0))
 
-    return HeadMajorCache(k=tuple(map(put, cache.k, prefix.k)), v=tuple(map(put, cache.v, prefix.v)))
+    return HeadMajorCache(k=tuple(map(put, cache.k, prefix.k)), v=tuple(map(put, cache.v, prefix.v)),
+                          keys_last=cache.keys_last)
 
 
 def product_buffers(config: ModelConfig, batch: int, tokens: int, keys: int) -> list[dict]:
@@ -208,14 +210,17 @@ def product_buffers(config: ModelConfig, batch: int, tokens: int, keys: int) -> 
 
 def write_products(buffers: list[dict], record: list[dict], column: jax.Array) -> list[dict]:
     """`buffers` (`product_buffers`) with one decode step's products `record` (per layer [B, 1, X],
-    "probs" [B, K, G, S'] over the S' slots the step read, cut to the buffer's keys) written at
-    token `column`."""
+    "probs" [B, K, G, S'] over the S' slots the step read, cut or padded with zeros to the
+    buffer's keys) written at token `column`. The decode writes every element of the buffers,
+    so they may start with any values (`decode`'s product_scratch)."""
     zero = jnp.zeros((), jnp.int32)
 
     def write(name, kept, new):
-        if name == "probs":
-            new = new[:, :, :, None, :kept.shape[-1]]
-            return jax.lax.dynamic_update_slice(kept, new.astype(kept.dtype), (zero, zero, zero, column, zero))
+        if name == "probs":   # every key slot is written, 0 after the slots the step read
+            keys = kept.shape[-1]
+            new = jnp.pad(new[..., :keys], ((0, 0), (0, 0), (0, 0), (0, max(0, keys - new.shape[-1]))))
+            return jax.lax.dynamic_update_slice(kept, new[:, :, :, None].astype(kept.dtype),
+                                                (zero, zero, zero, column, zero))
         return jax.lax.dynamic_update_slice(kept, new.astype(kept.dtype), (zero, column, zero))
 
     return [{name: write(name, kept[name], new[name]) for name in kept} for kept, new in zip(buffers, record)]
@@ -277,7 +282,8 @@ def _decode_step(logits, constraint, constraint_state, done, noise, *, temperatu
 def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt_mask: jax.Array,
            key: jax.Array, *, max_new_tokens: int, eos_id: int, pad_id: int,
            temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-           constraint: Constraint | None = None, group_size: int = 1, keep_products: bool = False) -> SampleOutput:
+           constraint: Constraint | None = None, group_size: int = 1, keep_products: bool = False,
+           product_scratch: list[dict] | None = None) -> SampleOutput:
     """Generate up to `max_new_tokens` tokens after left-padded `prompts`.
 
     prompts: i32[B, Tp] (left padded); prompt_mask: bool[B, Tp] True on real tokens.
@@ -291,6 +297,8 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     (see `prefill`); the rows are still sampled independently.
     keep_products: also return the decoder layers' products at every fed token
     (`SampleOutput.products`), so that the update can replay them instead of recomputing them.
+    product_scratch: with keep_products, buffers shaped as `product_buffers`' (e.g. the products
+    of the step before) that the decode overwrites instead of allocating zeroed ones.
     Static under jit: graphdef, max_new_tokens, top_k, greedy, group_size, keep_products (see `sample_jit`).
     """
     _check_prompts("sample", prompts, prompt_mask)
@@ -324,26 +332,31 @@ def sample(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, prompt
     num_real = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
     out, _ = decode(graphdef, params, cache, key_valid, last_hidden, prompt_length, num_real, key,
                     max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, temperature=temperature,
-                    top_k=top_k, greedy=greedy, constraint=constraint, keep_products=keep_products)
+                    top_k=top_k, greedy=greedy, constraint=constraint, keep_products=keep_products,
+                    product_scratch=product_scratch)
     return out
 
 
 def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key_valid: jax.Array,
            last_hidden: jax.Array, write_from: int, positions_from: jax.Array, key: jax.Array, *,
            max_new_tokens: int, eos_id: int, pad_id: int, temperature: float = 1.0, top_k: int = 0,
-           greedy: bool = False, constraint: Constraint | None = None, keep_products: bool = False
-           ) -> tuple[SampleOutput, HeadMajorCache]:
+           greedy: bool = False, constraint: Constraint | None = None, keep_products: bool = False,
+           product_scratch: list[dict] | None = None) -> tuple[SampleOutput, HeadMajorCache]:
     """The decode loop of `sample` after a prefill (shapes and arguments as there).
 
     cache: S slots; key_valid bool[B, S]: the slots the new tokens may read (the prompt's real
     tokens, and True on the slots [write_from, write_from + T - 1) the fed tokens are written
     to); last_hidden [B, D]: the hidden state that predicts the first new token; new token i
     (fed at step i + 1) is written at slot write_from + i with position positions_from + i
-    (i32[B]). Returns (the output, the cache with the fed tokens written). keep_products: as
-    in `sample`.
+    (i32[B]). Returns (the output, the cache with the fed tokens written, in the layout it came
+    in). keep_products, product_scratch: as in `sample`. The loop reads the cache with its keys
+    laid out [B, K, Dh, S] (`HeadMajorCache.keys_last`: each step's scores are one batched
+    matmul; about 0.97x the 128-completion arith step on a CPU).
     """
     batch = last_hidden.shape[0]
     config = config_of(graphdef, params)
+    keys_last = cache.keys_last
+    cache = cache.with_keys_last(True)
     key_slots = jnp.arange(cache.length)
     first_logits = apply_logits(graphdef, params, last_hidden)
     step = functools.partial(_decode_step, constraint=constraint, temperature=temperature, top_k=top_k,
@@ -374,8 +387,12 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key
         return (cache, emitted, done, constraint_state, products), (emitted, logprob, sampling_logprob, live)
 
     emitted0, logprob0, sampling_logprob0, live0, done0, constraint_state = first
-    products = (product_buffers(config, batch, max_new_tokens - 1, write_from + max_new_tokens - 1)
-                if keep_products and max_new_tokens > 1 else None)
+    products = None
+    if keep_products and max_new_tokens > 1:
+        products = product_buffers(config, batch, max_new_tokens - 1, write_from + max_new_tokens - 1)
+        if product_scratch is not None:
+            chex.assert_trees_all_equal_shapes_and_dtypes(product_scratch, products)
+            products = product_scratch
     carry, phase_outputs = (emitted0, done0, constraint_state, products), []
     for start, end, slots in decode_phases(write_from, max_new_tokens, cache.length):
         (prefix, *carry), out = jax.lax.scan(functools.partial(decode_step, slots=slots),
@@ -396,7 +413,7 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, cache: HeadMajorCache, key
     chex.assert_type([tokens, logprobs, sampling_logprobs, mask], [int, jnp.float32, jnp.float32, bool])
     out = SampleOutput(tokens=tokens, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
                        mask=mask, lengths=jnp.sum(mask, axis=1, dtype=jnp.int32), products=products)
-    return out, cache
+    return out, cache.with_keys_last(keys_last)
 
 
 sample_jit = jax.jit(sample, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy", "group_size",

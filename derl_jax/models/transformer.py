@@ -237,7 +237,8 @@ class Attention(nnx.Module):
         if saved is not None:
             attended = attend_replayed(q[:, queries_from:], k, v, saved["probs"], saved["attn"])
         else:
-            attended = attend(q[:, queries_from:], k, v, score_bias[:, queries_from:], record)
+            attended = attend(q[:, queries_from:], k, v, score_bias[:, queries_from:], record,
+                              keys_last=isinstance(cache, HeadMajorCache) and cache.keys_last)
         if record is not None:
             record["attn"] = attended
         dtype = self.o_proj.dtype

@@ -19,7 +19,9 @@ steps. Step s:
     policy (for the KL penalty or the KL metric) -> `grpo_update` (epochs x minibatches
     optimizer steps; the importance ratio's old log-probs are the sampler's; with one
     optimizer step per batch the update replays the decode's layer products instead of
-    running its forward pass again, `rollout.keeps_products`).
+    running its forward pass again, `rollout.keeps_products`; the buffers that hold them are
+    carried to the next step, whose decode overwrites them in place instead of zeroing new
+    ones, `DeviceRollout.scratch`).
 
 DAPO's additions (`derl_jax.rl.dapo`; single-turn kinds): with `overlong_buffer` > 0 each
 completion's reward gets `overlong_penalty` of its length before the advantages; with
@@ -217,14 +219,17 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
         reference = params
 
         def step(carry, index):
-            params, opt_state = carry
+            params, opt_state, scratch = carry
             prompt_key, sample_key, update_key = jax.random.split(jax.random.fold_in(key, index), 3)
             # every device draws all the prompt rows and keeps its own (no transfer between devices)
             rows = everywhere(jax.random.choice(prompt_key, num_examples, (sampled,),
                                                 replace=sampled > num_examples))
             chosen = _repeat_rows(dataset.take(rows), group)
             context = jax.tree_util.tree_map(over_data, dict(chosen.context))
-            episode, update_batch = rollout.fn(params, chosen, sample_key, False)
+            episode, update_batch = rollout.fn(params, chosen, sample_key, False,
+                                               **({} if scratch is None else {"scratch": scratch}))
+            if scratch is not None:   # the next step's decode overwrites these buffers in place
+                scratch = update_batch["products"]
             prims = domain.primitive_values(episode, context)
             lengths = jnp.sum(update_batch["mask"], axis=-1)   # single turn: completion tokens i32[O*N]
             taken = jnp.any(update_batch["mask"], axis=-1)
@@ -257,9 +262,10 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
                            grad_norm=update["grad_norm"],
                            response_length=jnp.sum(lengths.astype(jnp.float32))
                            / jnp.maximum(jnp.sum(taken, dtype=jnp.float32), 1))
-            return (params, opt_state), {name: metrics[name] for name in names}
+            return (params, opt_state, scratch), {name: metrics[name] for name in names}
 
-        (params, _), metrics = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(steps))
+        scratch = rollout.scratch(params, sampled * group, dataset.prompts.shape[1])
+        (params, _, _), metrics = jax.lax.scan(step, (params, optimizer.init(params), scratch), jnp.arange(steps))
         return params, metrics
 
     def item_scores(params, dataset: TokenDataset):

@@ -74,18 +74,23 @@ ROLLOUT_KINDS = ("device", "host", "env")
 class DeviceRollout:
     """A rollout stage that runs inside the jitted loop (module docstring).
 
-    fn(params, batch, key, greedy) -> (episode, update_batch)
+    fn(params, batch, key, greedy[, scratch]) -> (episode, update_batch)
     prefill_group: rows that share one prompt in update_batch and may be prefilled once (G
       for batches built from G copies of each prompt: single-turn rows, and window episodes,
       whose update runs each task once per group; 1 with the whole history).
     logprobs(params, update_batch, temperature, group_size) -> (logp, entropy), each shaped as
       update_batch["mask"]: the teacher-forced log-probs of the update rows' completions (the
       rows keep their order in groups of `group_size` that share a prompt).
+    scratch(params, rows, prompt_tokens) -> buffers or None: for a rollout whose update_batch
+      carries the decode's products, buffers of their shapes (over `rows` rows after prompts of
+      `prompt_tokens`) that `fn` may be given as `scratch` and overwrites (the loop passes each
+      step the products of the step before, so no step zeroes new ones); None for the others.
     """
 
     fn: Callable
     prefill_group: int
     logprobs: Callable
+    scratch: Callable = lambda params, rows, prompt_tokens: None
 
 
 def row_logprobs(graphdef: nnx.GraphDef) -> Callable:
@@ -120,10 +125,12 @@ def stream_row_logprobs(graphdef: nnx.GraphDef) -> Callable:
     return logprobs
 
 
-def _generate(graphdef, params, prompts, prompt_mask, key, *, domain, cfg, greedy, group_size, keep_products=False):
+def _generate(graphdef, params, prompts, prompt_mask, key, *, domain, cfg, greedy, group_size, keep_products=False,
+              product_scratch=None):
     return sampling.sample(graphdef, params, prompts, prompt_mask, key, max_new_tokens=cfg.max_new_tokens,
                            eos_id=domain.eos_id, pad_id=domain.pad_id, temperature=cfg.temperature,
-                           top_k=cfg.top_k, greedy=greedy, group_size=group_size, keep_products=keep_products)
+                           top_k=cfg.top_k, greedy=greedy, group_size=group_size, keep_products=keep_products,
+                           product_scratch=product_scratch)
 
 
 PRODUCTS_MAX_BYTES = 256 * 2**20
@@ -148,14 +155,16 @@ def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callab
     """Device single-turn rollouts: sample T tokens after each prompt (rows [b*G, (b+1)*G)
     share a prompt when sampling for training). A training batch (not greedy) carries the
     decode's products (`update_batch["products"]`) when `keeps_products`: the update's forward
-    then replays them instead of running its matmuls again."""
+    then replays them instead of running its matmuls again. `scratch`: buffers for them
+    (`DeviceRollout.scratch`) that the decode overwrites."""
     group = cfg.group_size
 
-    def fn(params, batch: TokenDataset, key, greedy: bool):
+    def fn(params, batch: TokenDataset, key, greedy: bool, scratch=None):
         prompts, prompt_mask = over_data(batch.prompts), over_data(batch.prompt_mask)
         keep = not greedy and keeps_products(config_of(graphdef, params), cfg, *prompts.shape)
         out = _generate(graphdef, params, prompts, prompt_mask, key, domain=domain, cfg=cfg, greedy=greedy,
-                        group_size=1 if greedy else group, keep_products=keep)
+                        group_size=1 if greedy else group, keep_products=keep,
+                        product_scratch=scratch if keep else None)
         episode = {"tokens": out.tokens, "mask": out.mask}
         update_batch = {"prompts": prompts, "prompt_mask": prompt_mask, "completions": out.tokens,
                         "mask": out.mask, "old_logp": out.sampling_logprobs}
@@ -163,7 +172,14 @@ def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callab
             update_batch["products"] = jax.tree_util.tree_map(over_data, out.products)
         return episode, update_batch
 
-    return DeviceRollout(fn=fn, prefill_group=group, logprobs=row_logprobs(graphdef))
+    def scratch(params, rows: int, prompt_tokens: int):
+        model = config_of(graphdef, params)
+        if not keeps_products(model, cfg, rows, prompt_tokens):
+            return None
+        fed = cfg.max_new_tokens - 1
+        return jax.tree_util.tree_map(over_data, sampling.product_buffers(model, rows, fed, prompt_tokens + fed))
+
+    return DeviceRollout(fn=fn, prefill_group=group, logprobs=row_logprobs(graphdef), scratch=scratch)
 
 
 # ----------------------------------------------------------------------------- multi-turn
