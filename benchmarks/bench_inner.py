@@ -76,6 +76,7 @@ from derl_jax.rl import sft  # noqa: E402
 from derl_jax.rl.grpo import GRPOConfig  # noqa: E402
 from derl_jax.rl.config import InnerConfig  # noqa: E402
 from derl_jax.rl.loop import make_inner_loop  # noqa: E402
+from derl_jax.rl.placement import compiler_options_for  # noqa: E402
 
 POLICY = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
           "head_dim": 16}
@@ -99,6 +100,12 @@ def temp_megabytes(compiled) -> float | None:
     return round((analysis.temp_size_in_bytes + analysis.output_size_in_bytes) / 2**20, 2)
 
 
+def run_options() -> dict:
+    """The XLA options a run compiles the arith (single-turn) inner loop with on these devices
+    (`rl.setup.make_evaluator`)."""
+    return compiler_options_for("device", jax.devices()[0].platform)
+
+
 def time_batched(loop, params, programs, keys, dataset, repeats: int, mesh=None):
     """(compile s, median run s, metrics, MiB) of one jitted train_many (candidates over
     `mesh`'s 'cand' axis when given)."""
@@ -106,7 +113,7 @@ def time_batched(loop, params, programs, keys, dataset, repeats: int, mesh=None)
         programs, keys = jax.device_put((programs, keys), NamedSharding(mesh, PartitionSpec("cand")))
         params, dataset = jax.device_put((params, dataset), NamedSharding(mesh, PartitionSpec()))
     start = time.perf_counter()
-    compiled = jax.jit(loop.train_many).lower(params, programs, keys, dataset).compile()
+    compiled = jax.jit(loop.train_many).lower(params, programs, keys, dataset).compile(run_options())
     compile_s = time.perf_counter() - start
     _, metrics = block(compiled(params, programs, keys, dataset))
     runs = []
@@ -144,7 +151,7 @@ def time_loop(loop, params, programs, keys, dataset, repeats: int, compiled_cach
             start = time.perf_counter()
             program, key = jax.device_put(singles[0], device)
             lowered = jax.jit(loop.train).lower(placed[index][0], program, key, placed[index][1])
-            compiled_cache[device] = lowered.compile()
+            compiled_cache[device] = lowered.compile(run_options())
             compile_s += time.perf_counter() - start
 
     def run_all():
@@ -169,7 +176,7 @@ def time_data_parallel(loop, mesh, params, programs, keys, dataset, repeats: int
     compile_s = 0.0
     if "data" not in compiled_cache:
         start = time.perf_counter()
-        compiled_cache["data"] = jax.jit(loop.train).lower(params, *singles[0], dataset).compile()
+        compiled_cache["data"] = jax.jit(loop.train).lower(params, *singles[0], dataset).compile(run_options())
         compile_s = time.perf_counter() - start
     compiled = compiled_cache["data"]
 
@@ -492,7 +499,8 @@ def main(argv=None) -> dict:
         summary.update(paired_speedup([r["paired_trl_step_ms"] for r in paired],
                                       [r["paired_ours_step_ms"] for r in paired]))
     summary["process_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    config = {"devices": len(jax.devices()), "policy": POLICY, "levels": DOMAIN["levels"], **library_versions(),
+    config = {"devices": len(jax.devices()), "compiler_options": run_options(), "policy": POLICY,
+              "levels": DOMAIN["levels"], **library_versions(),
               "max_new_tokens": DOMAIN["max_new_tokens"],
               "prompts_per_step": args.prompts, "group_size": args.group,
               "completions_per_step": args.prompts * args.group, "steps": args.steps, "pairs": args.pairs,

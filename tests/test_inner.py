@@ -196,6 +196,51 @@ def test_replaying_the_decode_products_trains_as_recomputing_them(monkeypatch):
         np.testing.assert_allclose(values, recomputed.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
+def test_the_single_dot_library_option_trains_as_the_default_fusions():
+    # what a run on CPU compiles a single-turn loop with (rl.setup.make_evaluator)
+    options = placement.compiler_options_for("device", "cpu")
+    assert options == placement.SINGLE_DOT_LIBRARY_OPTIONS
+    domain, graphdef, params, programs, train, validation = tiny_setup()
+    default = tiny_unsharded_results()
+    evaluator = device_evaluator.DeviceEvaluator(domain, graphdef, TINY_INNER,
+                                                 compiler_options={**FAST_COMPILE, **options})
+    single_dot = evaluator.evaluate_candidates(programs, params, TINY_KEY, train, validation)
+    assert np.all(single_dot.curves["grad_norm"].max(axis=1) > 0)
+    np.testing.assert_allclose(single_dot.scores, default.scores, atol=1e-6)
+    assert_trees_close(single_dot.params, default.params)
+    for name, values in single_dot.curves.items():
+        np.testing.assert_allclose(values, default.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_the_single_dot_library_option_keeps_reductions_out_of_the_library():
+    # a product summed over keys, as one query's attention output: by default XLA:CPU gives the
+    # fused multiply-and-reduce to its library; with the option only matmuls go there
+    def weighted_sum(weights, values):
+        return jnp.sum(weights[..., None] * values[:, :, None], axis=-2), weights @ values[0, 0]
+
+    args = (jnp.ones((8, 2, 2, 32)), jnp.ones((8, 2, 32, 16)))
+    library_fusions = {}
+    for name, options in (("default", {}), ("single dot", placement.compiler_options_for("device", "cpu"))):
+        text = jax.jit(weighted_sum).lower(*args).compile(options).as_text()
+        fusions = [line for line in text.splitlines() if '"kind":"__ynn_fusion"' in line]
+        library_fusions[name] = sorted("reduce" in line.split("op_name=")[1].split("/")[-1] for line in fusions)
+    if not library_fusions["default"]:
+        pytest.skip("this jaxlib's XLA:CPU gives nothing to its library by default")
+    assert True in library_fusions["default"]  # the reduction went to the library
+    assert library_fusions["single dot"] == [False]  # only the matmul did
+
+
+def test_compiler_options_are_set_for_single_turn_loops_on_cpu_only():
+    single_dot = placement.SINGLE_DOT_LIBRARY_OPTIONS
+    assert placement.compiler_options_for("device", "cpu", "0.10.2") == single_dot
+    assert placement.compiler_options_for("device", "cpu", "0.8.1") == single_dot
+    assert placement.compiler_options_for("device", "cpu", "0.8.0") == {}  # its XLA lacks the option
+    assert placement.compiler_options_for("device", "cpu", "0.4.35") == {}
+    for rollout_kind, platform in (("env", "cpu"), ("host", "cpu"), ("device", "gpu"), ("device", "tpu")):
+        assert placement.compiler_options_for(rollout_kind, platform, "0.10.2") == {}
+
+
 def test_the_decode_keeps_its_products_only_for_one_update_at_the_sampling_params():
     config = transformer.tiny_config(21, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2)
     keeps = rollout.keeps_products
@@ -374,6 +419,7 @@ def test_run_level_evaluator_and_base_policy(tmp_path, monkeypatch):
     graphdef, _ = abstract_model(sft.policy_model_config(domain, cfg.policy))
     evaluator = setup.make_evaluator(domain, graphdef, cfg)
     assert evaluator.dispatch == "loop"  # "auto" on one CPU device
+    assert evaluator.compiler_options == placement.compiler_options_for("device", "cpu")
     assert evaluator.final_loop.cfg.steps == cfg.final.steps and evaluator.cfg.steps == cfg.inner.steps
     cfg.mesh.data = 2
     split = setup.make_evaluator(domain, graphdef, cfg)

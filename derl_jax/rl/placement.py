@@ -7,10 +7,12 @@
     candidate_slices(mesh)                                    one ('data', 'model') sub-mesh per 'cand' index
     place_params(params, mesh)                                policies onto the mesh (off it: parallel.gather_to_host)
     update_split(mesh, rows, group)                           how a GRPO update cuts its rows over 'data'
+    compiler_options_for(rollout, platform)                   XLA options for a rollout kind's inner loop
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from typing import Any, Callable
 
@@ -25,6 +27,34 @@ from derl_jax.models import transformer as tr
 from derl_jax.models.transformer import abstract_model, config_of
 from derl_jax.parallel import CAND_AXIS, DATA_AXIS, MODEL_AXIS, host_cores, make_mesh, put_global
 from derl_jax.rl.grpo import GRAD_BUCKET_BYTES
+
+
+# XLA:CPU hands only single matmuls to its YNNPACK library and fuses everything else itself.
+# By default the library also takes reductions and the matmuls' elementwise consumers, which at
+# the single-turn step's small shapes run slower there (one query's attention output, the
+# attention backward's dS); on the multi-turn household step the default is the faster one
+# (docs/benchmarks.md, "Inner loop against TRL").
+SINGLE_DOT_LIBRARY_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+SINGLE_DOT_LIBRARY_SINCE = (0, 8, 1)   # the first jaxlib whose XLA has the option
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def compiler_options_for(rollout: str, platform: str, jaxlib_version: str | None = None) -> dict[str, str]:
+    """XLA compiler options for an inner loop of rollout kind `rollout` compiled for devices of
+    `platform` ("cpu", "gpu", "tpu"): `SINGLE_DOT_LIBRARY_OPTIONS` for single-turn ("device")
+    rollouts on CPU with a jaxlib that has them (`jaxlib_version`, default the installed one),
+    none otherwise."""
+    if rollout != "device" or platform != "cpu":
+        return {}
+    version = jaxlib_version if jaxlib_version is not None else importlib.metadata.version("jaxlib")
+    return dict(SINGLE_DOT_LIBRARY_OPTIONS) if _version(version) >= SINGLE_DOT_LIBRARY_SINCE else {}
 
 
 def params_candidate_axis(graphdef: nnx.GraphDef, params: Any) -> int | None:

@@ -30,7 +30,7 @@ from derl_jax.rl import sft
 from derl_jax.rl.config import check_rollout_kind, inner_config
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.host_loop import HostEvaluator
-from derl_jax.rl.placement import auto_data_size, run_mesh
+from derl_jax.rl.placement import auto_data_size, compiler_options_for, run_mesh
 
 BASE_POLICY_DIR = "base_policy"
 DOMAIN_INFO_FILE = "domain.json"
@@ -89,17 +89,19 @@ def make_evaluator(domain: Domain, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh 
     `config.inner.dispatch` (device kinds): "batched", "loop", or "auto" = "loop" on CPU
     devices when the 'cand' axis is 1 (one policy at a time, its rows over 'data': faster there,
     see benchmarks/bench_inner.py, and one compilation for any number of candidates) and
-    "batched" otherwise.
+    "batched" otherwise. On CPU a single-turn domain's loops compile with
+    `placement.compiler_options_for` (XLA's matmul library for single matmuls only).
     """
     mesh = run_mesh(cfg) if mesh is None else mesh
     inner = inner_config(cfg, domain.max_new_tokens)
     if domain.rollout == "host":
         return HostEvaluator(domain, graphdef, inner, mesh)
+    platform = mesh.devices.flat[0].platform
     dispatch = inner.dispatch
     if dispatch == "auto":
-        one_policy_at_a_time = mesh.shape[CAND_AXIS] == 1 and mesh.devices.flat[0].platform == "cpu"
-        dispatch = "loop" if one_policy_at_a_time else "batched"
-    return DeviceEvaluator(domain, graphdef, inner, mesh=mesh, dispatch=dispatch)
+        dispatch = "loop" if mesh.shape[CAND_AXIS] == 1 and platform == "cpu" else "batched"
+    return DeviceEvaluator(domain, graphdef, inner, mesh=mesh, dispatch=dispatch,
+                           compiler_options=compiler_options_for(domain.rollout, platform))
 
 
 def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None, *,
