@@ -65,6 +65,16 @@ def assert_trees_close(a, b, rtol=2e-4, atol=1e-4):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
 
+def assert_same_training(got, want):
+    """Two evaluations of the same candidates trained alike (gradients flowed in `got`)."""
+    assert np.all(got.curves["grad_norm"].max(axis=1) > 0)
+    np.testing.assert_allclose(got.scores, want.scores, atol=1e-6)
+    assert_trees_close(got.params, want.params)
+    assert set(got.curves) == set(want.curves)
+    for name, values in got.curves.items():
+        np.testing.assert_allclose(values, want.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
 @pytest.fixture(scope="module")
 def base():
     return small_base_policy()
@@ -189,11 +199,7 @@ def test_replaying_the_decode_products_trains_as_recomputing_them(monkeypatch):
     assert not rollout.keeps_products(config, TINY_INNER, rows, prompt_tokens)
     evaluator = device_evaluator.DeviceEvaluator(domain, graphdef, TINY_INNER, compiler_options=FAST_COMPILE)
     recomputed = evaluator.evaluate_candidates(programs, params, TINY_KEY, train, validation)
-    assert np.all(recomputed.curves["grad_norm"].max(axis=1) > 0)
-    np.testing.assert_allclose(replayed.scores, recomputed.scores, atol=1e-6)
-    assert_trees_close(replayed.params, recomputed.params)
-    for name, values in replayed.curves.items():
-        np.testing.assert_allclose(values, recomputed.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    assert_same_training(recomputed, replayed)
 
 
 @pytest.mark.slow
@@ -206,11 +212,7 @@ def test_the_single_dot_library_option_trains_as_the_default_fusions():
     evaluator = device_evaluator.DeviceEvaluator(domain, graphdef, TINY_INNER,
                                                  compiler_options={**FAST_COMPILE, **options})
     single_dot = evaluator.evaluate_candidates(programs, params, TINY_KEY, train, validation)
-    assert np.all(single_dot.curves["grad_norm"].max(axis=1) > 0)
-    np.testing.assert_allclose(single_dot.scores, default.scores, atol=1e-6)
-    assert_trees_close(single_dot.params, default.params)
-    for name, values in single_dot.curves.items():
-        np.testing.assert_allclose(values, default.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    assert_same_training(single_dot, default)
 
 
 def test_the_single_dot_library_option_keeps_reductions_out_of_the_library():
