@@ -138,6 +138,13 @@ PRODUCTS_MAX_BYTES = 256 * 2**20
 most this many bytes a step."""
 
 
+def _product_buffers(model: ModelConfig, cfg: Any, rows: int, prompt_tokens: int) -> list[dict]:
+    """`sampling.product_buffers` of the single-turn decode: its T - 1 fed tokens after prompts of
+    `prompt_tokens`."""
+    fed = cfg.max_new_tokens - 1
+    return sampling.product_buffers(model, rows, fed, prompt_tokens + fed)
+
+
 def keeps_products(model: ModelConfig, cfg: Any, rows: int, prompt_tokens: int) -> bool:
     """Whether the single-turn decode keeps its layers' products (`SampleOutput.products`) for
     the update to replay: the update's one optimizer step (`grpo.epochs` = `grpo.minibatches` =
@@ -146,8 +153,7 @@ def keeps_products(model: ModelConfig, cfg: Any, rows: int, prompt_tokens: int) 
     at most PRODUCTS_MAX_BYTES."""
     if not (cfg.grpo.epochs == 1 and cfg.grpo.minibatches == 1 and not model.remat and cfg.max_new_tokens > 1):
         return False
-    fed = cfg.max_new_tokens - 1
-    buffers = jax.eval_shape(lambda: sampling.product_buffers(model, rows, fed, prompt_tokens + fed))
+    buffers = jax.eval_shape(lambda: _product_buffers(model, cfg, rows, prompt_tokens))
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(buffers)) <= PRODUCTS_MAX_BYTES
 
 
@@ -176,8 +182,7 @@ def single_turn(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callab
         model = config_of(graphdef, params)
         if not keeps_products(model, cfg, rows, prompt_tokens):
             return None
-        fed = cfg.max_new_tokens - 1
-        return jax.tree_util.tree_map(over_data, sampling.product_buffers(model, rows, fed, prompt_tokens + fed))
+        return jax.tree_util.tree_map(over_data, _product_buffers(model, cfg, rows, prompt_tokens))
 
     return DeviceRollout(fn=fn, prefill_group=group, logprobs=row_logprobs(graphdef), scratch=scratch)
 
