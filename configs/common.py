@@ -17,7 +17,10 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        init; "hf": a local Hugging Face checkpoint at `hf_path`), model sizes,
                        task / primitive descriptions for the hf prompt, sampling temperature,
                        longest expression in grammar symbols, nesting depth, decimals per
-                       number, cold-start SFT
+                       number, operator set ("extended": + - * / ** min max abs clip and the
+                       training progress u; "paper": the DERL paper's + - * / with parentheses;
+                       it binds the automaton, the prompt, the cold-start corpus and the
+                       validity of every searched candidate), cold-start SFT
                        corpus size / steps / learning rate, GRPO learning rate, KL weight, epochs
   outer.*              outer loop: strategy (search mode), iterations, candidates per iteration
                        (the Meta-Optimizer's GRPO group size n), seed of the 8:2 inner-train /
@@ -115,6 +118,7 @@ META = {
     "max_symbols": 32,
     "max_depth": 4,
     "max_decimals": 3,
+    "operators": "extended",
     "cold_start_corpus": 256,
     "cold_start_steps": 150,
     "cold_start_lr": 3e-3,
@@ -132,13 +136,17 @@ META = {
 # A pretrained (`meta.backbone="hf"`) Meta-Optimizer's training settings, the same in every
 # preset that uses one (`hf_meta`). The paper leaves the outer loop's hyperparameters at its RL
 # framework's defaults; these are the authors' released math scripts' values (AdamW lr 1e-6,
-# 4 epochs per update, KL 0.001 with the k3 estimator), a cold start at lr 1e-5, and our
-# choice of 64 cold-start steps (8 passes over the 256-expression corpus at 32 per step).
-META_HF = {"lr": 1e-6, "cold_start_lr": 1e-5, "cold_start_steps": 64, "kl": 0.001, "kl_kind": "k3", "epochs": 4}
+# 4 epochs per update, KL 0.001 with the k3 estimator, sampling temperature 0.7), a cold start
+# at lr 1e-5, and our choice of 64 cold-start steps (8 passes over the 256-expression corpus at
+# 32 per step).
+META_HF = {"lr": 1e-6, "cold_start_lr": 1e-5, "cold_start_steps": 64, "kl": 0.001, "kl_kind": "k3", "epochs": 4,
+           "temperature": 0.7}
 # The grammar of the paper presets: room for every expression the DERL paper prints (Table 3 and
 # the examples of the text; tests/test_paper_expressions.py): 45 symbols, 4 nested contexts, 8
-# decimals (0.00000001), and the beginnings of the cut-off ones (11 nested contexts).
-PAPER_GRAMMAR = {"max_symbols": 64, "max_depth": 12, "max_decimals": 8}
+# decimals (0.00000001), and the beginnings of the cut-off ones (11 nested contexts); and the
+# paper's operator set (Eq. 3, Appendix A and the authors' vocabulary mask: + - * / compositions
+# of the primitives and numbers with parentheses; no u, ** or functions).
+PAPER_GRAMMAR = {"max_symbols": 64, "max_depth": 12, "max_decimals": 8, "operators": "paper"}
 # One line per agent primitive g1..g4 (outcome, phase_first, phase_middle, phase_last), for the
 # Meta-Optimizer's instruction prompt.
 AGENT_PRIMITIVE_DESCRIPTIONS = (
@@ -169,7 +177,7 @@ ARBO = {
     "belief": True, "observations": "full", "history": "all", "retrieve_k": 4, "framework": True, "task": "",
     "agent": {"backend": "openai", "url": "http://127.0.0.1:8000/v1", "model": "", "api_key_env": "",
               "checkpoint": "", "tokenizer": "", "temperature": 0.7, "max_tokens": 1024, "timeout_s": 120.0,
-              "max_turns": 24},
+              "max_turns": 24, "max_tries": 6, "retry_base_s": 1.0, "retry_max_s": 60.0},
 }
 
 

@@ -13,7 +13,9 @@ config.compare, then the report), plan (memory, FLOPs and step time; nothing is 
 --workdir defaults to runs/<config.name>. Library log lines below WARNING are hidden unless
 --verbosity is given. Every config field can be overridden (`--config.outer.iterations=3`).
 A bad input prints one line `launch/run.py: error: ...` naming the flag, field or file and
-exits with status 2 (--debug adds the traceback); internal errors keep their tracebacks.
+exits with status 2 (--debug adds the traceback); internal errors keep their tracebacks. A
+search that cannot go on (its proposer's endpoint stays down) prints one line and exits with
+status 3; rerunning the same command resumes from its last checkpoint.
 The library is imported after the flags are parsed, so a mistyped flag is reported at once.
 """
 
@@ -31,6 +33,7 @@ from ml_collections import config_flags
 MODES = ("search", "final", "compare", "plan")
 SCRIPT = "launch/run.py"
 EXIT_USER_ERROR = 2
+EXIT_STOPPED = 3
 HELP_FLAGS = ("-?", "-h", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file, e.g. configs/arith.py:smoke.")
@@ -126,6 +129,7 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)  # library INFO lines (checkpointing) would drown the summaries
     from derl_jax.config import InputError
     from derl_jax.experiment.run import launch
+    from derl_jax.outer.search import SearchStopped
 
     try:
         launch(_CONFIG.value, _MODE.value, workdir=_WORKDIR.value, expression=_EXPRESSION.value,
@@ -134,6 +138,12 @@ def main(argv: list[str]) -> None:
                compile_cache=_COMPILE_CACHE.value, command=" ".join(["python", SCRIPT, *sys.argv[1:]]))
     except InputError as err:
         user_error(str(err), debug=_DEBUG.value)
+    except SearchStopped as err:
+        if _DEBUG.value:
+            traceback.print_exc()
+        print(f"{SCRIPT}: stopped: {str(err).strip().splitlines()[0]}; rerun the same command to resume "
+              "from the last checkpoint", file=sys.stderr)
+        sys.exit(EXIT_STOPPED)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,19 @@
 * `FakeEvaluator`: a `CandidateEvaluator` for `derl_jax.outer.search.search` with the same
   kind of scores and curves, computed from the stacked programs.
 * `Replay`: an OpenAI-compatible chat endpoint on 127.0.0.1 (a thread the test starts and
-  stops) answering each POST with the next scripted reply and keeping the request bodies.
+  stops) answering each POST with the next scripted reply and keeping the request bodies; a
+  reply may also be `STALL` (answer nothing for `STALL_S` seconds, then hang up: a client
+  timeout) or `RESET` (drop the connection at once, without an answer).
 """
 
 from __future__ import annotations
 
 import http.server
 import json
+import socket
+import struct
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +36,8 @@ NAMES = ("correct", "format", "steps")
 ARITH_NAMES = ("correct", "boxed", "steps")  # registered primitives of the arith domain: their sources exist
 ARITH = {"domain": {"kind": "arith"}}
 STEPS = 12
+STALL, RESET = ("stall", None), ("reset", None)
+STALL_S = 0.6
 # per primitive mean value over inner training: g1 rises, g2 is saturated from the start, g3 never moves
 TRAJECTORY = np.stack([np.linspace(0.1, 0.7, STEPS), np.full(STEPS, 0.98), np.zeros(STEPS)], 1).astype(np.float32)
 PROBE = np.array([[1, 0, 0], [0, 1, 1]], np.float32)
@@ -145,10 +152,21 @@ class Replay:
                 length = int(self.headers.get("Content-Length", 0))
                 replay.requests.append({"path": self.path, "body": json.loads(self.rfile.read(length))})
                 status, body = replay.replies.pop(0) if replay.replies else (500, b"script exhausted")
+                if status in ("stall", "reset"):
+                    if status == "stall":
+                        time.sleep(STALL_S)
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    return
+                headers = {}
+                if isinstance(body, tuple):  # (body, headers)
+                    body, headers = body
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 

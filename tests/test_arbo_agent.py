@@ -19,8 +19,8 @@ from arbo_fakes import ARITH, ARITH_NAMES, Replay, completion, fake_records, fak
 from derl_jax.expr.check import check_text
 from derl_jax.logging import read_jsonl
 from derl_jax.methods.arbo import history as hist
-from derl_jax.methods.arbo.agent import (BackendError, OpenAIBackend, parse_tool_calls, plain_messages,
-                                         reply_from_completion, round_prompt, run_agent, system_prompt)
+from derl_jax.methods.arbo.agent import (BackendError, EndpointDown, OpenAIBackend, Retry, parse_tool_calls,
+                                         plain_messages, reply_from_completion, round_prompt, run_agent, system_prompt)
 from derl_jax.methods.arbo.proposer import View
 from derl_jax.methods.arbo.sources import source_files
 from derl_jax.methods.arbo.strategy import transcript_path
@@ -163,7 +163,7 @@ def test_tool_loop_with_malformed_calls_against_replay_server():
 
 
 def test_backend_failures_leave_the_slots_empty():
-    with Replay([completion(calls=[("submit_candidate", '{"expression": "g1*g2"}')]), (500, b"overloaded"),
+    with Replay([completion(calls=[("submit_candidate", '{"expression": "g1*g2"}')]), (400, b"bad request"),
                  (200, b"not json"), (200, {"error": "no choices"}), (200, {"error": "no choices"})]) as server:
         strategy = make_strategy("arbo", {"arbo": {"agent": {"url": server.url}}}, None, NAMES)
         texts, plan = strategy.propose(strategy.init(jax.random.key(0)), jax.random.key(1), 4)
@@ -175,11 +175,12 @@ def test_backend_failures_leave_the_slots_empty():
     assert [r.valid for r in records] == [True, False, False, False]
 
 
-def test_unreachable_endpoint_is_a_backend_error():
+def test_unreachable_endpoint_is_down():
     with Replay([]) as server:
         url = server.url
-    with pytest.raises(BackendError, match="127.0.0.1"):
-        OpenAIBackend(url, timeout_s=2).chat([{"role": "user", "content": "hi"}], [], seed=0)
+    with pytest.raises(EndpointDown, match="127.0.0.1.*no answer after 2 tries"):
+        OpenAIBackend(url, timeout_s=2, retry=Retry(max_tries=2, sleep=lambda s: None)).chat(
+            [{"role": "user", "content": "hi"}], [], seed=0)
     with pytest.raises(BackendError, match="not a chat completion"):
         reply_from_completion({"choices": []})
 
@@ -206,7 +207,7 @@ def test_text_tool_calls_and_plain_messages():
 def test_arbo_searches_end_to_end_against_the_replay_server(tmp_path):
     """Three rounds through the search loop: the agent writes its belief and submits (round 0), reads
     the evaluation log and refines the incumbent after a malformed call (round 1), then the endpoint
-    fails and the round's slots are charged empty."""
+    answers with errors and the round's slots are charged empty."""
     script = [
         completion(calls=[("write_file", json.dumps({"path": "belief.md",
                                                      "content": "nothing yet\nNext steps: g1 with g3"})),
@@ -217,7 +218,7 @@ def test_arbo_searches_end_to_end_against_the_replay_server(tmp_path):
         completion(calls=[("submit_candidate", '{"expression": "g1+0.5*g3", "parent": 0}'),
                           ("submit_candidate", '{"expression": "g1+0.25*g3", "parent": 0}'),
                           ("submit_candidate", '{"expression": "2*g1+0.5*g3", "parent": 0}')]),
-        completion("thinking"), (500, b"down"), (500, b"down"),
+        completion("thinking"), (400, b"bad request"), (400, b"bad request"),
     ]
     with Replay(script) as server:
         cfg = {**ARITH, "arbo": {"agent": {"url": server.url, "model": "replay"}}}

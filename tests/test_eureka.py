@@ -57,12 +57,13 @@ def test_reflection_is_on_the_best_of_the_latest_round_that_scored():
 
 def test_eureka_searches_end_to_end_against_the_replay_server(tmp_path):
     """Three rounds: n replies from one call (one without an expression); a server that returns
-    fewer choices than asked (asked again) with an unparseable reply; then a failing endpoint."""
+    fewer choices than asked (asked again) with an unparseable reply; then an endpoint answering
+    with something that is not a chat completion (asked twice), which is charged."""
     script = [
         completion(["```reward\ng1+0.5*g3\n```", "I would use reward = g1*(1+g2)", "no idea"], n=3),
         completion(["```reward\ng1+(g2\n```", "```\nreward = 2*g1+0.5*g3\n```"], n=2),
         completion("```reward\ng1+0.25*g3\n```"),
-        (500, b"down"), (500, b"down"),
+        (200, {"error": "no choices"}), (200, {"error": "no choices"}),
     ]
     with Replay(script) as server:
         cfg = {**ARITH, "arbo": {"task": "arithmetic", "agent": {"url": server.url}}}
@@ -77,7 +78,7 @@ def test_eureka_searches_end_to_end_against_the_replay_server(tmp_path):
     history = hist.load(tmp_path)
     assert [e.note for e in history.lineage][:3] == ["read from the code block", "read from the reward line",
                                                      "no expression in the reply"]
-    assert history.lineage[8].note.startswith("no reply: ") and "HTTP 500" in history.lineage[8].note
+    assert history.lineage[8].note.startswith("no reply: ") and "not a chat completion" in history.lineage[8].note
     assert [e.parent for e in history.lineage] == [None] * 3 + [1] * 3 + [4] * 3
     bodies = [r["body"] for r in server.requests]
     assert len(bodies) == 5 and all("tools" not in b for b in bodies)

@@ -44,7 +44,10 @@ returned as is; otherwise the newest usable checkpoint is restored (a corrupt on
 by `CheckpointStore` and an older one used), `history.jsonl` and `metrics.jsonl` are rewritten
 to exactly what it covers (`resume.repair_logs`) and the loop continues. Killing the process
 at any point, or damaging any log line, and rerunning the same command ends with the same
-history as an uninterrupted run (wall-clock fields aside). Restoring needs the strategy's
+history as an uninterrupted run (wall-clock fields aside). A strategy that cannot propose
+(its model's endpoint stays down) raises `SearchStopped` from `propose`: the iteration is
+neither charged nor logged, the last checkpoint stays the newest, and the launcher prints one
+line and exits non-zero; rerunning the command resumes there. Restoring needs the strategy's
 initial state as a template, so a resumed run repeats `strategy.init` (for derl, the
 cold-start SFT) before loading the checkpoint over it.
 """
@@ -69,6 +72,7 @@ from derl_jax.rl.evaluator import CandidateEvaluator
 from derl_jax.logging import HISTORY_FILE, RunLogger, progress_bar, read_jsonl, summary_line
 from derl_jax.outer import candidate_policies
 from derl_jax.outer.candidates import evaluate_iteration, iteration_metrics
+from derl_jax.outer.checks import operator_set
 from derl_jax.outer.resume import (
     SearchRun,
     check_same_setup,
@@ -91,6 +95,11 @@ CHECKPOINTS_TO_KEEP = 3
 WALL_CLOCK_FIELDS = ("time", "iteration_seconds")
 METRICS_SCOPE = "outer"
 _INIT_STREAM, _ITERATION_STREAM = 0, 1
+
+
+class SearchStopped(RuntimeError):
+    """The search cannot go on for now (e.g. the proposer's endpoint stays down); nothing of the
+    current iteration is charged, and rerunning the same command resumes from the last checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +172,7 @@ class _Setup:
     inner_steps: int | None
     keep_candidate_policies: bool
     workdir: str
+    operators: str = "extended"  # the operator set candidates may use (`config.meta.operators`)
 
     def record(self) -> dict:
         """What must match between a checkpoint and the run resuming from it."""
@@ -203,8 +213,9 @@ def search(
     """Run (or resume, or return the finished) outer loop in `workdir` (module docstring).
 
     train_set: the inner-training split; val_set: the validation split (scores).
-    cfg: reads `outer.iterations`, `outer.num_candidates` and
-        `inner.common_random_numbers`; written to config.json.
+    cfg: reads `outer.iterations`, `outer.num_candidates`, `inner.common_random_numbers` and
+        `meta.operators` (the operator set a candidate must keep to, "extended" when absent);
+        written to config.json.
     init_params: the base policy every candidate starts from (population strategies: only
         in the first iteration).
     inner_steps: inner steps per candidate, handed to `evaluate_candidates(..., steps=)`
@@ -229,7 +240,7 @@ def search(
     setup = _Setup(
         strategy, evaluator, train_set, val_set, tuple(primitive_names), as_typed_key(key), n, iterations,
         init_params, outcome_index, shares_duplicates(cfg), None if inner_steps is None else int(inner_steps),
-        bool(keep_candidate_policies), workdir,
+        bool(keep_candidate_policies), workdir, operators=operator_set(cfg),
     )
     finished = load_finished(workdir, setup.record(), iterations, init_params if strategy.population else None)
     if finished is not None:
@@ -281,6 +292,7 @@ def _loop(setup: _Setup, run: SearchRun, store: CheckpointStore, logger: RunLogg
                 iteration, texts, setup.evaluator, setup.train_set, setup.val_set, setup.primitive_names,
                 evaluate_key, run.start_params if strategy.population else setup.init_params,
                 method=strategy.name, outcome_index=setup.outcome_index, share_duplicates=setup.share_duplicates,
+                operators=setup.operators,
                 evaluate_kwargs={} if setup.inner_steps is None else {"steps": setup.inner_steps},
             )
             run.state = strategy.update(run.state, outcome.records, outcome.scores, aux)

@@ -9,7 +9,8 @@ scheduled mode unless the framework is ablated, how many candidates to submit, t
 list), then turns of `backend.chat`; every tool call the reply makes is answered by
 `Workspace.call` (`derl_jax.methods.arbo.tools`) in a `tool` message. It ends when the round's
 candidates are submitted, after `max_turns` replies, or after `max_backend_errors` backend
-failures in a row (endpoint down, a reply that is not a chat completion). A malformed tool
+failures in a row (an HTTP error the endpoint answers with, a reply that is not a chat
+completion); an endpoint that stays down (`EndpointDown`) ends the round and the search. A malformed tool
 call is answered with an error and the agent goes on; nothing the model writes can raise out
 of `run_agent`.
 
@@ -21,7 +22,9 @@ Backends (`chat(messages, tools, seed) -> Reply` for the agent; `complete(messag
                  environment variable named by `api_key_env`. Tool calls come as the
                  endpoint's `tool_calls`, or as `<tool_call>{json}</tool_call>` blocks in
                  the text for servers without a tool parser. `complete` asks for `n` choices
-                 and asks again while a server returns fewer.
+                 and asks again while a server returns fewer. Each request is retried with
+                 backoff (`derl_jax.methods.arbo.endpoint`); an endpoint that stays down
+                 raises `EndpointDown`, which stops the search before the round is charged.
   LocalBackend   a local Hugging Face chat checkpoint run in-process by the project's JAX
                  sampler (`derl_jax.models.sampling.sample_jit`); tools are described in the
                  system message and called with `<tool_call>` blocks (the Qwen2.5 format);
@@ -36,11 +39,10 @@ import dataclasses
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 from typing import Any, Sequence
 
 from derl_jax.methods.arbo import history as hist
+from derl_jax.methods.arbo.endpoint import BackendError, EndpointDown, Retry, post_json  # noqa: F401 (re-exported)
 from derl_jax.methods.arbo.schedule import EXPLOIT, EXPLORE
 from derl_jax.methods.arbo.tools import ANALYSIS_FILE, BELIEF_FILE, LANGUAGE, Workspace
 
@@ -68,10 +70,6 @@ class Reply:
                 {"id": c.id, "type": "function", "function": {"name": str(c.name), "arguments": _as_text(c.arguments)}}
                 for c in self.tool_calls]
         return message
-
-
-class BackendError(RuntimeError):
-    """The chat backend gave no usable reply (transport error, not a chat completion)."""
 
 
 def _as_text(arguments: Any) -> str:
@@ -133,25 +131,15 @@ class OpenAIBackend:
     max_tokens: int = 1024
     timeout_s: float = 120.0
 
+    retry: Retry = dataclasses.field(default_factory=Retry)
+
     def _post(self, body: dict) -> Any:
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(f"{self.url.rstrip('/')}/chat/completions",
-                                         data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as err:
-            detail = err.read()[:200].decode("utf-8", "replace")
-            raise BackendError(f"{self.url}: HTTP {err.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise BackendError(f"{self.url}: {getattr(err, 'reason', err)}") from None
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            raise BackendError(f"{self.url}: reply is not JSON: {raw[:200]!r}") from None
+        return post_json(f"{self.url.rstrip('/')}/chat/completions", body, headers, timeout_s=self.timeout_s,
+                         retry=self.retry)
 
     def chat(self, messages: Sequence[dict], tools: Sequence[dict], seed: int) -> Reply:
         body = {"model": self.model, "messages": list(messages), "tools": list(tools), "tool_choice": "auto",

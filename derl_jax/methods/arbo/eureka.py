@@ -12,8 +12,10 @@ the history keeps them), then the request for an improved reward.
 One `backend.complete(messages, n, seed)` call samples the round's n replies (no tools). Each
 reply is read by `extract_expression`; a reply without one, or with one that does not parse,
 becomes an invalid candidate all the same (its text as found, "" when none), whose reason the
-search's checker records, and the lineage note says what was read. A backend failure (tried
-twice) leaves the round's n candidates empty and invalid. The model is `config.arbo.agent`'s
+search's checker records, and the lineage note says what was read. An answer that is not a
+chat completion (asked twice) leaves the round's n candidates empty and invalid; an endpoint
+that stays down through the backend's retries (`EndpointDown`) stops the search before the
+round is charged. The model is `config.arbo.agent`'s
 (an OpenAI-compatible endpoint or a local checkpoint); `config.arbo.task` names the task.
 """
 
@@ -26,7 +28,7 @@ import jax
 
 from derl_jax.methods.arbo import history as hist
 from derl_jax.methods.arbo.schedule import EXPLOIT, EXPLORE
-from derl_jax.methods.arbo.settings import describe_backend, make_backend, read_settings
+from derl_jax.methods.arbo.settings import describe_backend, make_backend, read_settings, run_seed
 from derl_jax.methods.arbo.strategy import ArboState, HistoryStrategy, RoundPlan, save_transcript
 from derl_jax.methods.arbo.tools import LANGUAGE, MAX_NOTE
 from derl_jax.outer.registry import register_strategy
@@ -127,7 +129,8 @@ class EurekaStrategy(HistoryStrategy):
         from derl_jax.methods.arbo.sources import primitive_sources
 
         settings = read_settings(context.cfg, method=name)
-        return cls(context.primitive_names, context.outcome_index, backend=make_backend(settings.agent),
+        return cls(context.primitive_names, context.outcome_index,
+                   backend=make_backend(settings.agent, run_seed(context.cfg)),
                    sources=primitive_sources(context.cfg, context.primitive_names, context.outcome_index),
                    task=settings.task, workdir=context.workdir, about={"backend": describe_backend(settings.agent)})
 

@@ -21,6 +21,10 @@
     config.arbo.agent.checkpoint  local Hugging Face chat checkpoint directory (backend "local")
     config.arbo.agent.tokenizer   its tokenizer directory ("" = the checkpoint's)
     config.arbo.agent.temperature, max_tokens, timeout_s, max_turns
+    config.arbo.agent.max_tries   tries of each request to the endpoint before the run stops (>= 1)
+    config.arbo.agent.retry_base_s, retry_max_s
+                                  the backoff between tries: base_s * 2**k seconds, at most
+                                  max_s, with seeded jitter (`derl_jax.methods.arbo.endpoint`)
 
 A run without an `arbo` block uses `default_config()`. The ablations are also strategy names:
 `arbo_ablation:<name>` (`AGENT_ABLATIONS`) and `history_search_ablation:<name>`
@@ -67,7 +71,7 @@ def default_config() -> ml_collections.ConfigDict:
         "belief": True, "observations": "full", "history": "all", "retrieve_k": 4, "framework": True, "task": "",
         "agent": {"backend": "openai", "url": "http://127.0.0.1:8000/v1", "model": "", "api_key_env": "",
                   "checkpoint": "", "tokenizer": "", "temperature": 0.7, "max_tokens": 1024, "timeout_s": 120.0,
-                  "max_turns": 24},
+                  "max_turns": 24, "max_tries": 6, "retry_base_s": 1.0, "retry_max_s": 60.0},
     })
 
 
@@ -104,6 +108,9 @@ def arbo_block(cfg: Any, ablation: str | None = None, ablations: Mapping[str, Ma
     int_at_least(wrapped, "arbo.agent.max_tokens", 1)
     number(wrapped, "arbo.agent.timeout_s", minimum=0.0, strict=True)
     int_at_least(wrapped, "arbo.agent.max_turns", 1)
+    int_at_least(wrapped, "arbo.agent.max_tries", 1)
+    number(wrapped, "arbo.agent.retry_base_s", minimum=0.0, strict=False)
+    number(wrapped, "arbo.agent.retry_max_s", minimum=0.0, strict=False)
     return block
 
 
@@ -149,14 +156,22 @@ def read_settings(cfg: Any, ablation: str | None = None, *, ablations: Mapping[s
     return Settings(schedule, view, block.agent, task, bool(block.framework))
 
 
-def make_backend(agent: Any):
-    """The chat backend the agent block names."""
+def make_backend(agent: Any, seed: int = 0):
+    """The chat backend the agent block names; `seed` seeds the retries' jitter."""
     from derl_jax.methods.arbo.agent import LocalBackend, OpenAIBackend
+    from derl_jax.methods.arbo.endpoint import Retry
 
     if agent.backend == "local":
         return LocalBackend(agent.checkpoint, agent.tokenizer, temperature=agent.temperature,
                             max_new_tokens=agent.max_tokens)
-    return OpenAIBackend(agent.url, agent.model, agent.api_key_env, agent.temperature, agent.max_tokens, agent.timeout_s)
+    retry = Retry(int(agent.max_tries), float(agent.retry_base_s), float(agent.retry_max_s), seed=int(seed))
+    return OpenAIBackend(agent.url, agent.model, agent.api_key_env, agent.temperature, agent.max_tokens, agent.timeout_s,
+                         retry)
+
+
+def run_seed(cfg: Any) -> int:
+    """`config.seed` (0 when the config has none)."""
+    return int(config_value(cfg, "seed")) if has_field(cfg, "seed") else 0
 
 
 def describe_backend(agent: Any) -> str:

@@ -37,7 +37,7 @@ from derl_jax.methods.arbo import history as hist
 from derl_jax.methods.arbo.proposer import View, propose_structural
 from derl_jax.methods.arbo.schedule import EXPLORE, Schedule, next_mode
 from derl_jax.methods.arbo.settings import (AGENT_ABLATIONS, STRUCTURAL_ABLATIONS, describe_backend, make_backend,
-                                            read_settings)
+                                            read_settings, run_seed)
 from derl_jax.methods.arbo.tools import MAX_NOTE
 from derl_jax.outer.registry import register_strategy
 from derl_jax.outer.strategy import CandidateRecord, Strategy, StrategyContext, check_update
@@ -178,7 +178,8 @@ class ArboStrategy(HistoryStrategy):
         from derl_jax.methods.arbo.sources import source_files
 
         settings = cls._settings(context.cfg, name)
-        return cls(context.primitive_names, context.outcome_index, backend=make_backend(settings.agent),
+        return cls(context.primitive_names, context.outcome_index,
+                   backend=make_backend(settings.agent, run_seed(context.cfg)),
                    sources=source_files(context.cfg, context.primitive_names, context.outcome_index),
                    max_turns=settings.agent.max_turns, framework=settings.framework, schedule=settings.schedule,
                    view=settings.view, task=settings.task, workdir=context.workdir,
