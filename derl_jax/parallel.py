@@ -90,6 +90,24 @@ def mesh_shape(cand: int, data: int, model: int, num_devices: int) -> tuple[int,
     return sizes["cand"], sizes["data"], sizes["model"]
 
 
+def check_mesh_fits(cand: int, data: int, model: int, num_devices: int, platform: str) -> tuple[int, int, int]:
+    """The (cand, data, model) sizes a run config's mesh block takes on `num_devices` devices of
+    `platform`, or ValueError (one line naming `config.mesh` and what is wrong). `data` 0 (auto)
+    counts as 1 here (`rl.placement.auto_data_size` may raise it later); one size may be -1."""
+    sizes = {"cand": cand, "data": data or 1, "model": model}
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    where = f"config.mesh (cand={cand} data={data}{' (auto)' if data == 0 else ''} model={model})"
+    more = (f"; on CPU set config.mesh.data=0 (one device per core) or XLA_FLAGS={HOST_DEVICE_FLAG}=N"
+            if platform == "cpu" else "")
+    if -1 in sizes.values():
+        if num_devices % fixed:
+            raise ValueError(f"{where}: -1 fills the rest of the {num_devices} {platform} devices, but "
+                             f"{num_devices} is not a multiple of {fixed}")
+    elif fixed > num_devices:
+        raise ValueError(f"{where} needs {fixed} devices, this process sees {num_devices} ({platform}){more}")
+    return mesh_shape(*sizes.values(), num_devices if -1 in sizes.values() else fixed)
+
+
 def make_mesh(cand: int = 1, data: int = 1, model: int = -1, devices: Sequence[Any] | None = None) -> Mesh:
     """A `Mesh` with axes ('cand', 'data', 'model') over `devices` (all devices by default).
 

@@ -133,6 +133,8 @@ def test_plan_mode_shows_the_hf_settings_and_memory_units(module, capsys, monkey
     from derl_jax.experiment.run import plan_run
 
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)   # a plan needs no data, checkpoint or engine
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):
+        monkeypatch.delenv(name, raising=False)
     result = plan_run(module.get_config(), ("h100",), devices=(8,))
     out = capsys.readouterr().out
     assert ("meta.backbone=hf meta.hf_path=/models/Qwen2.5-0.5B-Instruct meta.lr=1e-06 meta.cold_start_lr=1e-05 "
@@ -140,7 +142,7 @@ def test_plan_mode_shows_the_hf_settings_and_memory_units(module, capsys, monkey
             "meta.max_decimals=8 task/primitive descriptions: yes/4") in out
     header, _, row = [line for line in out.splitlines() if line.startswith("|")][:3]
     assert "params / device" in header and row.startswith("| H100 SXM | 8 |")
-    memory = [cell.strip() for cell in row.split("|")[6:11]]
+    memory = [cell.strip() for cell in row.split("|")[6:13]]
     assert all(cell.endswith((" GiB", " MiB")) for cell in memory), memory
-    peak, usable = (cell.strip() for cell in row.split("|")[11].split("/"))
-    assert peak.endswith(" GiB") and usable == "67.1 GiB" and result["plans"][0]["fits"]
+    peak, usable = (cell.strip() for cell in row.split("|")[13].split("/"))
+    assert peak.endswith(" GiB") and usable == "55.9 GiB" and result["plans"][0]["fits"]   # 75% of 80 GB

@@ -110,7 +110,8 @@ def test_roofline_time_and_fit():
     times = roofline.roofline_seconds({"sampling": 50.0, "update": 800.0, "total": 850.0},
                                       {"sampling": 40.0, "update": 10.0}, device)
     assert times == {"sampling": 4.0, "update": 8.0, "step": 12.0}
-    assert roofline.fits(900, device) and not roofline.fits(901, device)
+    assert roofline.fits(900, device, 0.9) and not roofline.fits(901, device, 0.9)
+    assert roofline.fits(750, device, 0.75) and not roofline.fits(751, device, 0.75)
 
 
 def test_accelerator_table_and_user_entries():

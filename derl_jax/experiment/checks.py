@@ -9,6 +9,7 @@ anything is built.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import primitives.registry  # noqa: F401  (registers the `primitives` check)
@@ -24,7 +25,9 @@ from derl_jax.config import (
 )
 from derl_jax.domains import registry as domain_registry  # noqa: F401  (registers the `domain` check)
 from derl_jax.outer import checks as outer_checks  # noqa: F401  (registers `outer` and `methods`)
+from derl_jax.experiment.runtime import platform_devices
 from derl_jax.outer.registry import is_known_strategy, strategy_names
+from derl_jax.parallel import check_mesh_fits
 from derl_jax.rl import checks as inner_checks  # noqa: F401  (registers `policy`, `inner`, `mesh`)
 
 
@@ -32,6 +35,28 @@ def validate_config(cfg: Any, skip: Sequence[str] = ()) -> None:
     """Every block's check (module docstring), but those of the blocks in `skip`."""
     blocks = None if not skip else tuple(b for b in config.BLOCK_ORDER if b not in skip)
     config.validate(cfg, blocks)
+
+
+def check_devices(cfg: Any) -> tuple[int, int, int]:
+    """The mesh block against this process's devices, before anything is built: the platform
+    JAX_PLATFORMS names starts, and the mesh fits its devices (`parallel.check_mesh_fits`);
+    returns the (cand, data, model) sizes (data 0 = auto counted as 1). InputError otherwise."""
+    devices = platform_devices(os.environ)
+    sizes = [config_value(cfg, f"mesh.{axis}") for axis in ("cand", "data", "model")]
+    try:
+        return check_mesh_fits(*sizes, num_devices=len(devices), platform=devices[0].platform)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_mesh_rows(cfg: Any, rollout_kind: str) -> None:
+    """A device-rollout domain shards every step's N = prompts_per_step x group_size rows over
+    'data', so an explicit `mesh.data` must divide N (the host kind replicates rows instead)."""
+    data = config_value(cfg, "mesh.data")
+    rows = int(config_value(cfg, "inner.prompts_per_step")) * int(config_value(cfg, "inner.group_size"))
+    if rollout_kind != "host" and data > 1 and rows % data:
+        raise ConfigError(f"config.mesh.data={data} must divide the {rows} rollouts of a step "
+                          f"(inner.prompts_per_step x inner.group_size)")
 
 
 def check_final_block(cfg: Any) -> None:

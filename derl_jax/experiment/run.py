@@ -26,17 +26,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import time
 from typing import Any, Mapping, Sequence
 
 from derl_jax import workdir as run_dir
 from derl_jax.config import ConfigError, InputError, config_value, has_field
 from derl_jax.experiment import build, compare, protocol
-from derl_jax.experiment.checks import checked_levels, validate_config
-from derl_jax.experiment.runtime import (compile_cache_dir, make_host_devices, primary_process, record_run, run_cores,
-                                         run_info, use_compile_cache)
+from derl_jax.experiment.checks import check_devices, check_mesh_rows, checked_levels, validate_config
+from derl_jax.experiment.runtime import (compile_cache_dir, make_host_devices, memory_note, platform_devices,
+                                         primary_process, record_run, run_cores, run_info, use_compile_cache)
 from derl_jax.outer.search import SEARCH_RESULT_FILE, read_search_result
 from derl_jax.outer.strategy import OptimizerFactory
+from primitives import registry as primitive_registry
 
 MODES = ("search", "final", "compare", "plan")
 DEFAULT_ACCELERATORS = ("h100", "h200")
@@ -70,14 +72,22 @@ def default_workdir(cfg: Any) -> str:
 
 
 def check_expression(expression: str, primitive_names: Sequence[str], outcome_index: int = 0,
-                     flag: str = "--expression") -> None:
-    """InputError naming `flag` when `expression` does not parse or is not a valid reward."""
+                     flag: str = "--expression", domain: str | None = None) -> str:
+    """`expression` in the run's primitive names: with `domain` (its kind) the primitives' aliases
+    are replaced by their names (`outcome+format` -> `correct+boxed` in arith). InputError naming
+    `flag` when it does not parse or is not a valid reward; an unknown name that is a registered
+    primitive of `domain` left out of the run says how to add it (`config.primitives.extra`)."""
+    text = expression if domain is None else primitive_registry.with_names(expression, domain, primitive_names)
     try:
-        protocol.compile_checked(expression, primitive_names, outcome_index)
+        protocol.compile_checked(text, primitive_names, outcome_index)
     except ValueError as err:
-        text = str(err)
+        message = str(err)
         marker = "is not a valid reward: "
-        raise InputError(f"{flag}={expression!r}: {text.split(marker, 1)[1] if marker in text else text}") from None
+        reason = message.split(marker, 1)[1] if marker in message else message
+        unknown = re.search(r"unknown name '([^']+)'", reason)
+        hint = primitive_registry.missing_hint(domain, primitive_names, unknown.group(1)) if unknown and domain else ""
+        raise InputError(f"{flag}={expression!r}: {reason}{hint}") from None
+    return text
 
 
 def final_expression(workdir: str, expression: str | None) -> tuple[str, str]:
@@ -101,11 +111,13 @@ def check_inputs(cfg: Any, workdir: str, mode: str, expression: str | None = Non
     if expression is not None and mode != "final":
         raise InputError(f"--expression applies to --mode=final only; --mode={mode} finds its own expressions")
     validate_config(cfg)
+    check_devices(cfg)
     check_policy_files(cfg)
     names = build.primitive_names(cfg)
     if mode == "final":
         expression, source = final_expression(workdir, expression)
-        check_expression(expression, names, flag="--expression" if source == "--expression" else source)
+        expression = check_expression(expression, names, flag="--expression" if source == "--expression" else source,
+                                      domain=str(config_value(cfg, "domain.kind")))
     if mode == "compare":
         checked_levels(cfg)
     if primary_process():  # in a multi-process job process 0 alone writes the run directory
@@ -170,9 +182,12 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
     levels = checked_levels(cfg) if mode == "compare" else ()
     lock = run_dir.exclusive(workdir) if primary_process() else contextlib.nullcontext()  # one lock per run
     with lock:
+        if primary_process():
+            write_run_config(cfg, workdir)
         if levels:
             return compare.compare_per_level(cfg, workdir, levels, progress=progress, optimizer_factory=optimizer_factory)
         domain = build.build_domain(cfg)
+        check_mesh_rows(cfg, domain.rollout)
         if checked.expression is not None:
             check_expression(checked.expression, domain.primitive_names, domain.outcome_index)
         base_params, evaluator = build.build_inner(domain, cfg, workdir, run_cores(mode))
@@ -189,6 +204,16 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
         print(f"final policy for {final.expression!r}: test accuracy {final.test:.4f}; "
               f"written to {workdir}/{protocol.FINAL_RESULT_FILE}")
         return final
+
+
+def write_run_config(cfg: Any, workdir: str) -> None:
+    """`<workdir>/config.json`: the config the run was started with (every mode but plan)."""
+    from derl_jax.checkpoint import atomic_write_json
+    from derl_jax.logging import CONFIG_FILE, to_jsonable
+
+    os.makedirs(workdir, exist_ok=True)
+    as_dict = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    atomic_write_json(os.path.join(workdir, CONFIG_FILE), to_jsonable(as_dict, "config"), indent=2)
 
 
 def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str | None = None,
@@ -209,6 +234,9 @@ def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str |
     if mode != "plan":
         import jax
 
+        note = memory_note(platform_devices(environ)[0].platform, environ)  # a missing platform stops here
+        if note and primary_process():
+            print(note)
         use_compile_cache(compile_cache_dir(compile_cache, workdir, environ, jax.process_count()))
     started, info = time.monotonic(), run_info(command, mode)
     result = run(cfg, workdir, mode, expression, progress=progress, accelerators=accelerators,

@@ -15,8 +15,9 @@ import time
 from typing import Any, Mapping
 
 from derl_jax.checkpoint import atomic_write_json
-from derl_jax.config import config_value
+from derl_jax.config import InputError, config_value
 from derl_jax.parallel import distributed_requested, host_cores, host_device_flags
+from derl_jax.plan.roofline import memory_fraction
 
 RUN_INFO_FILE = "run_info.json"
 COMPILE_CACHE_DIR = "compile_cache"
@@ -40,6 +41,29 @@ def make_host_devices(cfg: Any, mode: str, environ: dict) -> None:
     if mode == "plan" or sizes[1] != 0 or -1 in sizes or distributed_requested(environ):
         return
     environ["XLA_FLAGS"] = host_device_flags(environ.get("XLA_FLAGS", ""), run_cores(mode))
+
+
+def platform_devices(environ: Mapping[str, str]) -> list:
+    """This process's devices (starting JAX's backend); InputError naming JAX_PLATFORMS (one
+    line) when the platform it names does not start here."""
+    import jax
+
+    try:
+        return jax.devices()
+    except Exception as err:  # noqa: BLE001  (each missing backend fails its own way, some with no message)
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise InputError(f"JAX_PLATFORMS={environ.get('JAX_PLATFORMS', '')!r}: that platform does not start in "
+                         f"this process ({why}); unset JAX_PLATFORMS to use the devices there are") from None
+
+
+def memory_note(platform: str, environ: Mapping[str, str]) -> str | None:
+    """On GPUs, one line: the share of each device's memory JAX's allocator takes and where that
+    comes from (the figure `--mode=plan` plans against); None on other platforms."""
+    if platform != "gpu":
+        return None
+    fraction, source = memory_fraction(environ)
+    return (f"GPU memory: JAX's allocator takes {fraction:.0%} of each device ({source}); "
+            f"set XLA_PYTHON_CLIENT_MEM_FRACTION before the run to change it")
 
 
 def compile_cache_dir(flag: str | None, workdir: str, environ: Mapping[str, str], process_count: int) -> str | None:

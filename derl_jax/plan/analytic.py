@@ -65,6 +65,8 @@ class RunShape:
     chunk_size: int = 0                     # candidates trained at once (0 = all K), as `inner.chunk_size`
     mesh: tuple[int, int, int] = (1, 1, 1)  # (cand, data, model) device counts
     turns: int = 1                          # U sampling calls per step
+    host_loop: bool = False                 # host-scored domain: only the candidates in flight live on the devices
+    meta: ModelConfig | None = None         # the Meta-Optimizer's model when the run keeps one on the devices
 
     def __post_init__(self):
         for name in ("num_candidates", "prompts_per_step", "group_size", "prompt_tokens", "new_tokens",
@@ -140,6 +142,10 @@ def param_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], int | 
             "mlp.gate_proj.kernel": ((d, f), 1), "mlp.up_proj.kernel": ((d, f), 1),
             "mlp.down_proj.kernel": ((f, d), 0),
         }
+        if not config.qkv_bias:
+            layer = {name: value for name, value in layer.items() if not name.endswith("_proj.bias")}
+        if config.qk_norm:
+            layer.update({"attn.q_norm.scale": ((dh,), None), "attn.k_norm.scale": ((dh,), None)})
         shapes.update({f"layers.{i}.{name}": value for name, value in layer.items()})
     shapes["final_norm.scale"] = ((d,), None)
     if not config.tie_embeddings:
@@ -281,47 +287,87 @@ def padded_candidates(shape: RunShape) -> int:
     return -(-shape.num_candidates // cand) * cand
 
 
+def _update_rows_per_device(shape: RunShape) -> int:
+    return max(shape.update_rows // shape.minibatches // shape.mesh[1], 1)
+
+
+def layer_buffers_bytes(shape: RunShape) -> int:
+    """One decoder layer's activations over a minibatch's rows on one device (L = T_prompt +
+    T_new positions): its q/k/v, MLP gate/up/product widths in the compute dtype and the f32
+    attention scores and probabilities [rows, H, L, L] (heads split over 'model' when it
+    divides them)."""
+    config, model = shape.model, shape.mesh[2]
+    rows, length, act = _update_rows_per_device(shape), shape.prompt_tokens + shape.new_tokens, itemsize(
+        shape.model.dtype)
+    width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim + 3 * config.intermediate_size
+    heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
+    return rows * length * (width // model) * act + 2 * rows * heads * length * length * 4
+
+
 def activation_bytes_estimate(shape: RunShape) -> int:
-    """A rough per-candidate, per-device estimate of the update's live activations: the
-    saved layer inputs (all of a layer's activations without remat), plus f32 logits,
-    log-softmax and their gradient over the V vocabulary. The compiler's figure
-    (`derl_jax.plan.compiled`) replaces it where available."""
+    """A per-candidate, per-device estimate of the update's live layer activations (logits
+    apart, `logits_bytes_estimate`): every layer's saved input, plus without remat all of its
+    buffers (`layer_buffers_bytes`), with remat those of the one layer the backward recomputes
+    at a time. The compiler's figure (`derl_jax.plan.compiled`) replaces it where available."""
     config = shape.model
-    cand, data, model = shape.mesh
-    rows = max(shape.update_rows // shape.minibatches // data, 1)
-    length = shape.prompt_tokens + shape.new_tokens
-    act = itemsize(config.dtype)
-    per_layer = rows * length * config.hidden_size * act
-    if not config.remat:
-        width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim + 3 * config.intermediate_size
-        per_layer += rows * length * (width // model) * act
-        per_layer += rows * config.num_heads // min(model, config.num_heads) * length * length * 4
-    logits = 3 * rows * shape.new_tokens * config.vocab_size * 4 // model
-    return config.num_layers * per_layer + logits
+    rows, length = _update_rows_per_device(shape), shape.prompt_tokens + shape.new_tokens
+    saved = config.num_layers * rows * length * config.hidden_size * itemsize(config.dtype)
+    buffers = layer_buffers_bytes(shape)
+    return saved + (buffers if config.remat else config.num_layers * buffers)
+
+
+def logits_bytes_estimate(shape: RunShape) -> int:
+    """Per candidate and device: the update's f32 logits, log-softmax and their gradient over
+    the whole vocabulary for every completion token of a minibatch (`sequence_logprobs`
+    materialises [rows, T, V]; the vocabulary splits over 'model' when it divides it)."""
+    config, model = shape.model, shape.mesh[2]
+    ways = model if config.vocab_size % model == 0 else 1
+    return 3 * _update_rows_per_device(shape) * shape.new_tokens * config.vocab_size * 4 // ways
+
+
+def meta_bytes(shape: RunShape) -> int:
+    """The Meta-Optimizer's bytes per device while a search runs (0 without one): its
+    parameters, the frozen reference copy (a separate buffer from its first update on) and its
+    AdamW state, placed over the run's mesh with the 'model' split."""
+    if shape.meta is None:
+        return 0
+    model = shape.mesh[2]
+    return 2 * param_bytes(shape.meta, model) + optimizer_bytes(shape.meta, "adamw", model)
+
+
+def trained_copies(shape: RunShape) -> int:
+    """Trained policies a device holds at the step's peak: the K/cand outputs of the device
+    loop (`train_many` returns every candidate's parameters), or only the candidates in flight
+    in the host loop (each wave's policies leave the devices before the next starts)."""
+    cand = shape.mesh[0]
+    in_flight = max(min(shape.in_flight, padded_candidates(shape)) // cand, 1)
+    return in_flight if shape.host_loop else padded_candidates(shape) // cand
 
 
 def per_device(shape: RunShape) -> dict[str, int]:
     """Bytes per device of one inner-loop step, by kind.
 
-    params: the shared starting policy plus the K/cand trained copies (outputs);
+    params: the shared starting policy plus the trained copies (`trained_copies`);
     optimizer: the state of the candidates in flight on the device; gradients: one
     parameter-shaped buffer per candidate in flight; kv_cache: the sampling
     cache of those candidates (rows split over 'data', key/value heads over 'model' when it
-    divides them); activations: `activation_bytes_estimate` for those candidates.
+    divides them); activations and logits: `activation_bytes_estimate` and
+    `logits_bytes_estimate` for those candidates; meta: `meta_bytes`.
     """
     config = shape.model
     cand, data, model = shape.mesh
-    local_candidates = padded_candidates(shape) // cand
     in_flight = max(min(shape.in_flight, padded_candidates(shape)) // cand, 1)
     one_policy = param_bytes(config, model)
     heads_split = model if config.num_kv_heads % model == 0 else 1
     kv = kv_cache_bytes(config, -(-shape.rollouts // data), shape.prompt_tokens + shape.new_tokens) // heads_split
     return {
-        "params": one_policy * (1 + local_candidates),
+        "params": one_policy * (1 + trained_copies(shape)),
         "optimizer": optimizer_bytes(config, shape.optimizer, model) * in_flight,
         "gradients": one_policy * in_flight,
         "kv_cache": kv * in_flight,
         "activations": activation_bytes_estimate(shape) * in_flight,
+        "logits": logits_bytes_estimate(shape) * in_flight,
+        "meta": meta_bytes(shape),
     }
 
 
@@ -332,10 +378,12 @@ def per_device_flops(shape: RunShape) -> dict[str, int]:
 
 
 def peak_bytes_estimate(shape: RunShape) -> int:
-    """Analytic peak per device: parameters, optimizer state and gradients, plus the larger
-    of the sampling KV cache and the update activations."""
+    """Analytic peak per device: parameters, optimizer state, gradients and the
+    Meta-Optimizer, plus the larger of the sampling KV cache and the update's activations and
+    logits."""
     sizes = per_device(shape)
-    return sizes["params"] + sizes["optimizer"] + sizes["gradients"] + max(sizes["kv_cache"], sizes["activations"])
+    resident = sizes["params"] + sizes["optimizer"] + sizes["gradients"] + sizes["meta"]
+    return resident + max(sizes["kv_cache"], sizes["activations"] + sizes["logits"])
 
 
 def hbm_bytes_estimate(shape: RunShape) -> dict[str, int]:
@@ -350,6 +398,7 @@ def hbm_bytes_estimate(shape: RunShape) -> dict[str, int]:
     weights = param_bytes(shape.model, model) * in_flight
     sampling = shape.turns * shape.new_tokens * (weights + sizes["kv_cache"])
     steps = shape.epochs * shape.minibatches
-    update = steps * (3 * weights + 2 * sizes["optimizer"] + 2 * sizes["activations"])
-    reference = weights + sizes["activations"] if shape.reference else 0
+    moved = sizes["activations"] + sizes["logits"]
+    update = steps * (3 * weights + 2 * sizes["optimizer"] + 2 * moved)
+    reference = weights + moved if shape.reference else 0
     return {"sampling": rounds * sampling, "reference": rounds * reference, "update": rounds * update}

@@ -269,6 +269,7 @@ def shape_to_json(shape: RunShape) -> str:
 def shape_from_json(text: str) -> RunShape:
     fields = json.loads(text)
     fields["model"] = tr.ModelConfig(**fields["model"])
+    fields["meta"] = tr.ModelConfig(**fields["meta"]) if fields.get("meta") else None
     fields["mesh"] = tuple(fields["mesh"])
     return RunShape(**fields)
 

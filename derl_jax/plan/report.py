@@ -22,7 +22,7 @@ import argparse
 import json
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from derl_jax.models import transformer as tr
 from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
@@ -35,14 +35,22 @@ from derl_jax.plan.analytic import RunShape
 # tokens, 4 minibatches, KL 0.001 (a reference forward), remat, n = 8 candidates. Agent
 # (ALFWorld/ScienceWorld): Qwen2.5-1.5B-Instruct, 16 tasks x group 8, 50 turns, 1024-token turn
 # prompts (task + recent history), 128-token actions, 8 minibatches, n = 8.
+# Both run DERL with the paper's Qwen2.5-0.5B-Instruct Meta-Optimizer (f32); MATH scores on the host.
 PRESETS = {
     "math_3b": lambda: RunShape(tr.qwen2_5_3b(dtype="bfloat16", remat=True), num_candidates=8,
                                 prompts_per_step=64, group_size=5, prompt_tokens=512, new_tokens=512,
-                                minibatches=4, reference=True),
+                                minibatches=4, reference=True, host_loop=True, meta=tr.qwen2_5_0_5b()),
     "agent_1_5b": lambda: RunShape(tr.qwen2_5_1_5b(dtype="bfloat16", remat=True), num_candidates=8,
                                    prompts_per_step=16, group_size=8, prompt_tokens=1024, new_tokens=128,
-                                   minibatches=8, reference=True, turns=50),
+                                   minibatches=8, reference=True, turns=50, meta=tr.qwen2_5_0_5b()),
 }
+# Methods that keep a Meta-Optimizer on the devices for the whole search (derl_jax/methods/derl).
+META_METHODS = ("derl", "derl_pop")
+# Domain kinds whose rollout kind is "host" (derl_jax/domains/math.py); a built domain says it itself.
+HOST_SCORED_KINDS = ("math",)
+# The Meta-Optimizer's vocabulary is its grammar's symbols, known once the grammar is built;
+# a scratch backbone is planned with this many (its parameters are a few hundred thousand).
+SCRATCH_META_VOCAB = 128
 
 
 def gib(value: float) -> str:
@@ -52,10 +60,13 @@ def gib(value: float) -> str:
     return f"{value / (1 << 30):.1f} GiB"
 
 
-def plan(shape: RunShape, device: str | roofline.Accelerator, compiled: dict | None = None) -> dict[str, Any]:
+def plan(shape: RunShape, device: str | roofline.Accelerator, compiled: dict | None = None,
+         fraction: float | None = None) -> dict[str, Any]:
     """The plan of `shape` on `device` (an `Accelerator` or its key); `compiled` is
-    `derl_jax.plan.compiled.compiled_plan(shape)` when available."""
+    `derl_jax.plan.compiled.compiled_plan(shape)` when available; `fraction`: the share of
+    device memory the run may use (default: this process's `roofline.memory_fraction`)."""
     spec = roofline.accelerator(device)
+    fraction = roofline.memory_fraction(os.environ)[0] if fraction is None else fraction
     sizes = analytic.per_device(shape)
     flops = analytic.per_device_flops(shape)
     peak = analytic.peak_bytes_estimate(shape)
@@ -64,20 +75,23 @@ def plan(shape: RunShape, device: str | roofline.Accelerator, compiled: dict | N
     if memory and all(memory.values()):
         one_policy = analytic.param_bytes(shape.model, shape.mesh[2])
         cand = shape.mesh[0]
-        local = analytic.padded_candidates(shape) // cand
         in_flight = max(min(shape.in_flight, analytic.padded_candidates(shape)) // cand, 1)
+        local = analytic.trained_copies(shape)
         activations = max(piece["temp_bytes"] for piece in memory.values())
-        peak = max(piece["peak_bytes"] for piece in memory.values()) + (local - in_flight + 1) * one_policy
+        peak = (max(piece["peak_bytes"] for piece in memory.values()) + (local - in_flight + 1) * one_policy
+                + sizes["meta"])
         source = "compiled"
     times = roofline.roofline_seconds(flops, analytic.hbm_bytes_estimate(shape), spec)
-    fit = roofline.fits(peak, spec)
+    fit = roofline.fits(peak, spec, fraction)
     result = {
         "accelerator": spec.name, "devices": shape.num_devices, "mesh": list(shape.mesh),
         "chunk_size": shape.chunk_size, "num_candidates": shape.num_candidates, "minibatches": shape.minibatches,
         "params_bytes": sizes["params"], "optimizer_bytes": sizes["optimizer"],
         "gradients_bytes": sizes["gradients"], "kv_cache_bytes": sizes["kv_cache"],
-        "activations_bytes": activations, "peak_bytes": peak, "memory_source": source,
-        "device_memory_bytes": spec.memory, "fits": fit,
+        "activations_bytes": activations, "logits_bytes": sizes["logits"], "meta_bytes": sizes["meta"],
+        "peak_bytes": peak, "memory_source": source,
+        "device_memory_bytes": spec.memory, "memory_fraction": fraction, "usable_bytes": fraction * spec.memory,
+        "fits": fit,
         "flops_per_device": flops, "roofline_seconds": times,
     }
     flop_pieces = (compiled or {}).get("flops") or {}
@@ -85,7 +99,7 @@ def plan(shape: RunShape, device: str | roofline.Accelerator, compiled: dict | N
         total = analytic.step_flops(shape)["total"]
         result["compiled_flops_ratio"] = flop_pieces["step"]["total"] / total if total else 1.0
     if not fit:
-        result["suggestion"] = roofline.suggest(shape, spec)
+        result["suggestion"] = roofline.suggest(shape, spec, fraction=fraction)
     return result
 
 
@@ -99,12 +113,15 @@ def suggestion_text(suggestion: dict | None) -> str:
 
 
 def format_table(plans: Sequence[dict], title: str = "") -> str:
-    """A Markdown table of plans: memory per device, each figure with its unit (usable = 90% of
-    the device's memory), TFLOP per device per step, chunk = candidates trained at once."""
+    """A Markdown table of plans: memory per device, each figure with its unit (usable = the
+    plan's memory fraction of the device's memory), TFLOP per device per step, chunk =
+    candidates trained at once; logits are the update's f32 logits term (analytic; inside the
+    temps when compiled), meta the Meta-Optimizer's parameters, reference and AdamW state."""
     header = ("| accelerator | devices | mesh (cand, data, model) | chunk | minibatches | params / device | "
               "optimizer / device | grads / device | KV cache / device | activations/temps / device | "
+              "logits / device | Meta-Optimizer / device | "
               "peak / usable per device | TFLOP/step per device | roofline step (s) | fits? |")
-    lines = ([f"**{title}**", ""] if title else []) + [header, "|" + "---|" * 14]
+    lines = ([f"**{title}**", ""] if title else []) + [header, "|" + "---|" * 16]
     for p in plans:
         fit = "yes" if p["fits"] else f"no: {suggestion_text(p.get('suggestion'))}"
         lines.append(
@@ -112,8 +129,8 @@ def format_table(plans: Sequence[dict], title: str = "") -> str:
             f"{p['minibatches']} | "
             f"{gib(p['params_bytes'])} | "
             f"{gib(p['optimizer_bytes'])} | {gib(p['gradients_bytes'])} | {gib(p['kv_cache_bytes'])} | "
-            f"{gib(p['activations_bytes'])} | {gib(p['peak_bytes'])} / "
-            f"{gib(roofline.USABLE_MEMORY_FRACTION * p['device_memory_bytes'])} | "
+            f"{gib(p['activations_bytes'])} | {gib(p['logits_bytes'])} | {gib(p['meta_bytes'])} | "
+            f"{gib(p['peak_bytes'])} / {gib(p['usable_bytes'])} | "
             f"{p['flops_per_device']['total'] / 1e12:.1f} | {p['roofline_seconds']['step']:.2f} | {fit} |")
     return "\n".join(lines)
 
@@ -130,9 +147,57 @@ def _field(cfg: Any, dotted: str, default: Any = None) -> Any:
     return node
 
 
+def describe_model(config: tr.ModelConfig) -> str:
+    """"3.09B parameters: hidden 2048, 36 layers, 16 heads (2 kv), vocabulary 151,936, tied embeddings"."""
+    count = analytic.param_count(config)
+    size = f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count:,}"
+    tied = "tied" if config.tie_embeddings else "untied"
+    return (f"{size} parameters: hidden {config.hidden_size}, {config.num_layers} layers, {config.num_heads} heads "
+            f"({config.num_kv_heads} kv), vocabulary {config.vocab_size:,}, {tied} embeddings")
+
+
+def policy_source(cfg: Any, model: tr.ModelConfig) -> str:
+    """One line: where the planned policy's shape comes from (its checkpoint's config.json, or
+    the `policy.*` sizes when the checkpoint directory is not there)."""
+    checkpoint = str(_field(cfg, "policy.checkpoint") or "").strip()
+    if checkpoint and os.path.isdir(os.path.expanduser(checkpoint)):
+        return f"policy shape: {checkpoint}/config.json, {describe_model(model)}"
+    missing = f"{checkpoint} not found, so " if checkpoint else ""
+    return f"policy shape: {missing}planned the policy.* sizes ({describe_model(model)})"
+
+
+def meta_model_from_run(cfg: Any) -> tuple[tr.ModelConfig | None, str]:
+    """(the Meta-Optimizer's ModelConfig, one line saying what was counted) when the run's
+    methods (`outer.strategy`, `compare.methods`) include one of `META_METHODS`, else (None,
+    line). A pretrained backbone's shape comes from `meta.hf_path`'s config.json, or, when that
+    directory is not there, Qwen2.5-0.5B's (the paper's); a scratch one from the `meta.*` sizes."""
+    from derl_jax.models import hf
+
+    methods = {str(_field(cfg, "outer.strategy", ""))} | {str(m) for m in (_field(cfg, "compare.methods") or ())}
+    if not methods & set(META_METHODS):
+        return None, "Meta-Optimizer: none on the devices (no DERL method in outer.strategy or compare.methods)"
+    dtype = str(_field(cfg, "meta.hf_param_dtype") or "float32")
+    if _field(cfg, "meta.backbone") == "hf":
+        path = os.path.expanduser(str(_field(cfg, "meta.hf_path") or "").strip())
+        if path and os.path.isdir(path):
+            model, where = hf.config_from_hf(hf.read_hf_config(path), param_dtype=dtype), f"{path}/config.json"
+        else:
+            model, where = tr.qwen2_5_0_5b(param_dtype=dtype), f"{path or '(no meta.hf_path)'} not found, so Qwen2.5-0.5B's"
+    else:
+        sizes = {name: int(_field(cfg, f"meta.{name}")) for name in
+                 ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")}
+        head_dim = _field(cfg, "meta.head_dim")
+        model = tr.tiny_config(SCRATCH_META_VOCAB, **sizes, head_dim=int(head_dim) if head_dim else None,
+                               param_dtype=dtype)
+        where = f"the meta.* sizes with {SCRATCH_META_VOCAB} grammar symbols"
+    return model, (f"Meta-Optimizer counted (parameters + reference copy + AdamW state, {dtype}): {where} shape, "
+                   f"{describe_model(model)}")
+
+
 def model_config_from_run(cfg: Any, vocab_size: int | None = None) -> tr.ModelConfig:
     """The policy's ModelConfig: its checkpoint's config.json when the directory exists, else
-    the `policy.*` sizes (with `vocab_size`, the built domain tokenizer's, else `policy.vocab_size`)."""
+    the `policy.*` sizes (with `vocab_size`, the built domain tokenizer's, else `policy.vocab_size`;
+    tied embeddings, as `ModelConfig` assumes)."""
     from derl_jax.models import hf
 
     compute = _field(cfg, "policy.compute_dtype") or "bfloat16"
@@ -150,7 +215,7 @@ def model_config_from_run(cfg: Any, vocab_size: int | None = None) -> tr.ModelCo
         raise ValueError(f"plan: policy.{missing[0]} is not set and policy.checkpoint {checkpoint!r} is not a "
                          f"directory to read it from")
     return tr.ModelConfig(**{k: int(v) for k, v in sizes.items()}, dtype=compute, param_dtype=param_dtype,
-                          remat=remat)
+                          remat=remat, family=str(_field(cfg, "policy.family") or "qwen2"))
 
 
 TURN_FIELDS = ("description_length", "history", "obs_length", "action_length", "max_turns")
@@ -184,21 +249,23 @@ def shape_from_config(cfg: Any, model: tr.ModelConfig | None = None, *, domain: 
     else:
         new_tokens, turns = (turned[1], turned[2]) if turned else (_field(cfg, "domain.max_new_tokens", 16), 1)
     mesh = tuple(max(int(_field(cfg, f"mesh.{axis}", 1)), 1) for axis in ("cand", "data", "model"))
+    host_loop = domain.rollout == "host" if domain is not None else _field(cfg, "domain.kind") in HOST_SCORED_KINDS
     return RunShape(
         model or model_config_from_run(cfg, vocab), num_candidates=int(_field(cfg, "outer.num_candidates", 1)),
         prompts_per_step=int(_field(cfg, "inner.prompts_per_step", 1)),
         group_size=int(_field(cfg, "inner.group_size", 1)), prompt_tokens=int(prompt), new_tokens=int(new_tokens),
         minibatches=int(_field(cfg, "inner.minibatches", 1)), epochs=int(_field(cfg, "inner.epochs", 1)),
         reference=float(_field(cfg, "inner.kl", 0.0) or 0.0) > 0, chunk_size=int(_field(cfg, "inner.chunk_size", 0)),
-        mesh=mesh, turns=turns)
+        mesh=mesh, turns=turns, host_loop=bool(host_loop), meta=meta_model_from_run(cfg)[0])
 
 
-def on_devices(shape: RunShape, count: int, device: str | roofline.Accelerator) -> RunShape:
+def on_devices(shape: RunShape, count: int, device: str | roofline.Accelerator,
+               fraction: float | None = None) -> RunShape:
     """`shape` on `count` devices: the first layout that fits (`roofline.suggest`, minibatches
     raised if needed), else the candidates spread as far as `count` allows and the rest on the
     `model` axis (shown as it is, with the suggestion)."""
     choice = roofline.suggest(shape.replace(mesh=(count, 1, 1), chunk_size=0), roofline.accelerator(device),
-                              max_devices=count)
+                              max_devices=count, fraction=fraction)
     if choice and choice["devices"] == count:
         return shape.replace(mesh=tuple(choice["mesh"]), chunk_size=choice["chunk_size"],
                              minibatches=choice["minibatches"])
@@ -240,25 +307,40 @@ def settings_lines(cfg: Any) -> list[str]:
     return lines
 
 
+def memory_lines(cfg: Any, shape: RunShape, fraction: float, source: str) -> list[str]:
+    """What the plan's memory figures stand on, one line each: the policy's shape, the
+    Meta-Optimizer, the trained copies a device holds, and the share of device memory JAX gets."""
+    copies = ("host-scored domain: the devices hold the starting policy and the candidates in flight "
+              "(inner.chunk_size), not one trained copy per candidate" if shape.host_loop else
+              "device loop: the devices hold the starting policy and every candidate's trained copy")
+    return [policy_source(cfg, shape.model), meta_model_from_run(cfg)[1], copies,
+            f"device memory: JAX's allocator gets {fraction:.0%} of each device ({source}); "
+            f"'usable' below is that share"]
+
+
 def plan_from_config(cfg: Any, accelerators: Sequence[str] = ("h100", "h200"), compile: bool = False,
-                     domain: Any = None, devices: Sequence[int] = ()) -> dict:
+                     domain: Any = None, devices: Sequence[int] = (),
+                     environ: Mapping[str, str] | None = None) -> dict:
     """{"shape": RunShape as a dict, "plans": [plan per accelerator (per device count)],
-    "settings": `settings_lines`, "table": Markdown}: the configured mesh, or with `devices`
-    each count's first layout that fits (`on_devices`). With `compile`, the pieces are compiled
-    in a subprocess on prod(mesh) fake CPU devices. What `launch/run.py --mode=plan` prints."""
+    "settings": `settings_lines` + `memory_lines`, "table": Markdown}: the configured mesh, or with `devices`
+    each count's first layout that fits (`on_devices`), against the memory share
+    `roofline.memory_fraction(environ)` (default: this process's environment). With `compile`,
+    the pieces are compiled in a subprocess on prod(mesh) fake CPU devices. What
+    `launch/run.py --mode=plan` prints."""
     from derl_jax.plan import compiled as compiled_lib
 
+    fraction, source = roofline.memory_fraction(os.environ if environ is None else environ)
     shape = shape_from_config(cfg, domain=domain)
     layouts = [(shape, name) for name in accelerators] if not devices else [
-        (on_devices(shape, int(count), name), name) for count in devices for name in accelerators]
+        (on_devices(shape, int(count), name, fraction), name) for count in devices for name in accelerators]
     compiled_by_layout: dict = {}
     plans = []
     for laid_out, name in layouts:
         key = (laid_out.mesh, laid_out.chunk_size, laid_out.minibatches)
         if compile and key not in compiled_by_layout:
             compiled_by_layout[key] = compiled_lib.plan_in_subprocess(laid_out)
-        plans.append(plan(laid_out, name, compiled_by_layout.get(key)))
-    settings = settings_lines(cfg)
+        plans.append(plan(laid_out, name, compiled_by_layout.get(key), fraction))
+    settings = settings_lines(cfg) + memory_lines(cfg, shape, fraction, source)
     return {"shape": json.loads(compiled_lib.shape_to_json(shape)), "plans": plans,
             "compiled": compiled_by_layout.get((shape.mesh, shape.chunk_size, shape.minibatches)),
             "settings": settings, "table": "\n".join(settings) + "\n\n" + format_table(plans)}

@@ -31,7 +31,12 @@ from derl_jax.plan import analytic
 from derl_jax.plan.analytic import RunShape
 
 GIB = 1 << 30
-USABLE_MEMORY_FRACTION = 0.9  # runtime, allocator fragmentation and collectives buffers take the rest
+# JAX's GPU allocator takes this share of each device's memory unless the environment says
+# otherwise (JAX's "GPU memory allocation" page); a plan fits what the process will have.
+DEFAULT_MEMORY_FRACTION = 0.75
+MEMORY_FRACTION_ENV = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
+ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +97,39 @@ def roofline_seconds(flops: Mapping[str, float], hbm_bytes: Mapping[str, float],
     return times
 
 
-def fits(peak_bytes: float, device: Accelerator, fraction: float = USABLE_MEMORY_FRACTION) -> bool:
-    return peak_bytes <= fraction * device.memory
+def memory_fraction(environ: Mapping[str, str]) -> tuple[float, str]:
+    """(share of each device's memory JAX's allocator will use, where that comes from) under
+    `environ`: XLA_CLIENT_MEM_FRACTION or its older name XLA_PYTHON_CLIENT_MEM_FRACTION when set
+    (preallocated or not, it is the pool's limit), 1.0 with XLA_PYTHON_CLIENT_ALLOCATOR=platform
+    (no pool: exact allocations), else JAX's default 0.75. ValueError for a value outside (0, 1]."""
+    for name in MEMORY_FRACTION_ENV:
+        text = str(environ.get(name, "")).strip()
+        if text:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} must be a number in (0, 1]") from None
+            if not 0 < value <= 1:
+                raise ValueError(f"{name}={text!r} must be a number in (0, 1]")
+            return value, f"{name}={text}"
+    if str(environ.get(ALLOCATOR_ENV, "")).strip().lower() == "platform":
+        return 1.0, f"{ALLOCATOR_ENV}=platform"
+    preallocate = str(environ.get(PREALLOCATE_ENV, "")).strip()
+    also = f", {PREALLOCATE_ENV}={preallocate}" if preallocate else ""
+    return DEFAULT_MEMORY_FRACTION, f"{MEMORY_FRACTION_ENV[1]} unset{also}: JAX's default"
+
+
+def usable_bytes(device: Accelerator, fraction: float | None = None) -> float:
+    """The bytes a run may use on one `device`: `fraction` (default: this process's
+    `memory_fraction`) of its memory."""
+    import os
+
+    return (memory_fraction(os.environ)[0] if fraction is None else fraction) * device.memory
+
+
+def fits(peak_bytes: float, device: Accelerator, fraction: float | None = None) -> bool:
+    """Whether `peak_bytes` per device fits `usable_bytes(device, fraction)`."""
+    return peak_bytes <= usable_bytes(device, fraction)
 
 
 def _divisors(n: int) -> list[int]:
@@ -117,27 +153,28 @@ def layouts(shape: RunShape, num_devices: int) -> list[RunShape]:
     return sorted(out, key=lambda s: (s.mesh[2], -(s.chunk_size or s.num_candidates), s.mesh[1]))
 
 
-def _first_fit(shape: RunShape, count: int, device: Accelerator) -> dict | None:
+def _first_fit(shape: RunShape, count: int, device: Accelerator, fraction: float | None) -> dict | None:
     for option in layouts(shape, count):
         peak = analytic.peak_bytes_estimate(option)
-        if fits(peak, device):
+        if fits(peak, device, fraction):
             return {"devices": count, "mesh": list(option.mesh), "chunk_size": option.chunk_size,
                     "minibatches": option.minibatches, "peak_bytes": peak}
     return None
 
 
-def suggest(shape: RunShape, device: Accelerator, max_devices: int = 1024) -> dict | None:
+def suggest(shape: RunShape, device: Accelerator, max_devices: int = 1024,
+            fraction: float | None = None) -> dict | None:
     """What would fit, by the analytic peak: the first layout (see `layouts`) on shape's device
     count; else, on that count, the fewest doublings of the minibatch count (smaller update
     batches, same rollouts); else the smallest power-of-two device count up to `max_devices`
-    with a layout that fits. None when nothing does."""
-    choice = _first_fit(shape, shape.num_devices, device)
+    with a layout that fits (`fits` with `fraction`). None when nothing does."""
+    choice = _first_fit(shape, shape.num_devices, device, fraction)
     minibatches = shape.minibatches * 2
     while choice is None and shape.update_rows % minibatches == 0:
-        choice = _first_fit(shape.replace(minibatches=minibatches), shape.num_devices, device)
+        choice = _first_fit(shape.replace(minibatches=minibatches), shape.num_devices, device, fraction)
         minibatches *= 2
     count = 1 << shape.num_devices.bit_length()
     while choice is None and count <= max_devices:
-        choice = _first_fit(shape, count, device)
+        choice = _first_fit(shape, count, device, fraction)
         count *= 2
     return choice
