@@ -94,6 +94,34 @@ def symbol_table(prims: Sequence[Primitive]) -> dict[str, int]:
     return table
 
 
+def expression_symbols(domain: str, names: Sequence[str]) -> dict[str, int]:
+    """`symbol_table` of the run's primitives `names` of `domain` (g1.., names, aliases); a name
+    not registered for `domain` stands for itself only."""
+    found = PRIMITIVES.entries()
+    prims = [found.get((domain, n)) or Primitive(n, lambda *a: None, "host", domain) for n in names]
+    return symbol_table(prims)
+
+
+def with_names(expression: str, domain: str, names: Sequence[str]) -> str:
+    """`expression` with each alias replaced by its primitive's name (`outcome+format` ->
+    `correct+boxed` in arith); other text unchanged."""
+    import re
+
+    table = expression_symbols(domain, names)
+    aliases = {symbol: names[i] for symbol, i in table.items() if symbol not in names and not re.fullmatch(r"g\d+", symbol)}
+    return re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: aliases.get(m.group(0), m.group(0)), expression)
+
+
+def missing_hint(domain: str, names: Sequence[str], unknown: str) -> str:
+    """"" or how to add `unknown` to the run: it is registered for `domain` (by name or alias) but
+    is not one of the run's primitives `names`."""
+    for p in registered(domain):
+        if unknown in (p.name, *p.aliases) and p.name not in names:
+            return (f"; {unknown!r} is a registered {domain} primitive not in this run: add it with "
+                    f"--config.primitives.extra=\"('{p.name}',)\"")
+    return ""
+
+
 def discovered_modules() -> tuple[str, ...]:
     """Every module of the `primitives` package but this one (sorted): the primitive families."""
     return PRIMITIVES.modules()

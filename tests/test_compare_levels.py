@@ -83,7 +83,7 @@ def test_compare_runs_every_level_and_tabulates_methods_by_level(launcher, tmp_p
         for method in ("outcome", "derl"):
             seeds = [100.0 * row["test"] for row in per_level["per_seed"][method]]
             expected = stats.summarize(seeds, clip=(0.0, 100.0))
-            assert table["test"][level][method]["mean"] == pytest.approx(expected["mean"])
+            assert 100 * table["test"][level][method]["mean"] == pytest.approx(expected["mean"])
             assert stats.format_summary(expected) in markdown
         history = [json.loads(line) for line in open(tmp_path / level / "derl" / "seed_1" / "history.jsonl")]
         scores = [r["score"] if r["valid"] else 0.0 for r in sorted(history, key=lambda r: (r["iteration"], r["index"]))]

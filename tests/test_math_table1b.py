@@ -160,7 +160,7 @@ def test_every_final_policy_is_reported_on_each_test_set_by_each_metric(tiny_dom
     assert list(result.test_sets) == ["gsm8k", "math"] and result.retrained_test_sets == result.test_sets
     assert result.test == pytest.approx(expected["gsm8k"]["exact"])
     payload = write_report(str(tmp_path), {"outcome": [result]})
-    assert payload["test_sets"]["outcome"]["math"]["verify"]["mean"] == pytest.approx(100 * expected["math"]["verify"])
+    assert payload["test_sets"]["outcome"]["math"]["verify"]["mean"] == pytest.approx(expected["math"]["verify"])
     with open(tmp_path / "results.md", encoding="utf-8") as handle:
         text = handle.read()
     header = "| method | seeds | gsm8k exact (%) | gsm8k verify (%) | math exact (%) | math verify (%) |"

@@ -61,7 +61,7 @@ def test_a_changed_run_changes_its_page(kept):
     pages.regenerate_all(str(kept))
     results_json = kept / "runs" / "unit_run" / "results.json"
     payload = json.loads(results_json.read_text())
-    payload["test"]["derl"]["mean"] = 99.5
+    payload["test"]["derl"]["mean"] = 0.995   # results.json keeps fractions; the page shows %
     results_json.write_text(json.dumps(payload))
     assert pages.regenerate_all(str(kept)) == [str(kept / "page.md")]
     assert "| derl | 3 | 99.50 ±" in (kept / "page.md").read_text()

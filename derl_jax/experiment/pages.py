@@ -34,7 +34,7 @@ import numpy as np
 from derl_jax.checkpoint import atomic_write_text
 from derl_jax.experiment import claims, curve, plots, stats
 from derl_jax.experiment.curve import CURVE_JSON
-from derl_jax.experiment.report import RESULTS_JSON
+from derl_jax.experiment.report import RESULTS_JSON, summary_percent
 from derl_jax.experiment.runtime import RUN_INFO_FILE
 
 RUNS_DIR = "runs"
@@ -114,7 +114,8 @@ def render_compare(folder: str, link_prefix: str, title: str | None = None) -> l
     lines = [f"#### {title}", ""] if title else []
     if payload.get("claims"):
         lines += ["The paper's claims on this compare:", "", claims.claims_table(payload["claims"])]
-    rows = [f"| {m} | {s['n']} | {stats.format_summary(s)} |" for m, s in payload["test"].items()]  # already in %
+    rows = [f"| {m} | {s['n']} | {stats.format_summary(summary_percent(s, payload))} |"
+            for m, s in payload["test"].items()]
     lines += ["Headline test accuracy (%), mean ± std [95% t-interval] over seeds:", "",
               "| method | seeds | test accuracy (%) |", "|---|---:|---|", *rows, ""]
     if payload.get("base_policy_test") is not None:

@@ -12,6 +12,11 @@ When the policies were tested on several test sets or by several metrics
 a table with one column per test set and metric comes first, for the headline policy and,
 when some method's headline is not the retrained policy, for the retrained policy too.
 
+Units: every accuracy and accuracy difference in results.json is a fraction (0.3304, not
+33.04; `"accuracy_unit": "fraction"`); results.md and the pages show them in %. Each key and
+its unit is listed in docs/running.md. results.json written before `accuracy_unit` existed held
+its test/validation summaries in %: `summary_percent` reads both.
+
 Plots (`derl_jax.experiment.plots`): `outer_curves.png` in the paper's Fig. 3 layout — one panel per
 search method with the mean validation score of each iteration's candidates and, when
 computed, their mean test accuracy; when the retrained-best curve was computed
@@ -39,6 +44,20 @@ BEST_SO_FAR_PLOT = "best_so_far.png"
 VALIDATION_SERIES = "validation (mean of candidates)"
 CANDIDATE_TEST_SERIES = "test (mean of candidates)"
 RETRAINED_SERIES = "test (best of iteration, retrained)"
+ACCURACY_UNIT = "fraction"
+SCALED_FIELDS = ("mean", "std", "ci95_low", "ci95_high")
+
+
+def as_fraction(summary: Mapping[str, Any]) -> dict:
+    """A `stats.summarize` summary of values in % with its mean, std and interval as fractions."""
+    return {k: (v / 100.0 if k in SCALED_FIELDS and v is not None else v) for k, v in summary.items()}
+
+
+def summary_percent(summary: Mapping[str, Any], payload: Mapping[str, Any]) -> dict:
+    """A summary of `payload` (a results.json) in %: scaled when the payload keeps fractions."""
+    if payload.get("accuracy_unit") != ACCURACY_UNIT:
+        return dict(summary)  # written before accuracy_unit: already in %
+    return {k: (100.0 * v if k in SCALED_FIELDS and v is not None else v) for k, v in summary.items()}
 
 
 def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None,
@@ -87,14 +106,17 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
     derl_minus_random = claims.iteration_difference(results)
     set_md, set_summary = test_set_table(results, "test_sets")
     retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
+    fraction = lambda summaries: {m: as_fraction(s) for m, s in summaries.items()}  # noqa: E731
+    nested = lambda summaries: {m: {t: fraction(ms) for t, ms in sets.items()} for m, sets in summaries.items()}  # noqa: E731
     payload = {
+        "accuracy_unit": ACCURACY_UNIT,
         "methods": list(results),
         "base_policy_test": base_test,
-        "test_sets": set_summary,
-        "retrained_test_sets": retrained_set_summary,
-        "test": test_summary,
-        "retrained_test": retrained_summary,
-        "validation": val_summary,
+        "test_sets": nested(set_summary),
+        "retrained_test_sets": nested(retrained_set_summary),
+        "test": fraction(test_summary),
+        "retrained_test": fraction(retrained_summary),
+        "validation": fraction(val_summary),
         "paired": [{"method": m, "baseline": b, **d} for m, b, d in paired],
         "claims": claim_rows,
         "derl_minus_random_per_iteration": derl_minus_random,
@@ -323,8 +345,8 @@ def write_levels_report(workdir: str, payloads: Mapping[str, Mapping[str, Any]])
     if any(b is not None for b in base):
         lines.append("| base policy (before RL) | " + " | ".join("-" if b is None else f"{100 * b:.2f}" for b in base) + " |")
     for method in methods:
-        cells = [stats.format_summary(payloads[level]["test"][method]) if method in payloads[level]["test"] else "-"
-                 for level in levels]
+        cells = [stats.format_summary(summary_percent(payloads[level]["test"][method], payloads[level]))
+                 if method in payloads[level]["test"] else "-" for level in levels]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     seeds = sorted({len(rows) for p in payloads.values() for rows in p["per_seed"].values()})
     markdown = "\n".join(["# Test accuracy (%) per generalisation level", "",
@@ -332,6 +354,7 @@ def write_levels_report(workdir: str, payloads: Mapping[str, Mapping[str, Any]])
                           "", *lines]) + "\n"
     atomic_write_text(os.path.join(workdir, LEVELS_MD), markdown)
     atomic_write_json(os.path.join(workdir, LEVELS_JSON), _json_safe(
-        {"levels": levels, "base_policy_test": dict(zip(levels, base)),
-         "test": {level: payloads[level]["test"] for level in levels}}))
+        {"accuracy_unit": ACCURACY_UNIT, "levels": levels, "base_policy_test": dict(zip(levels, base)),
+         "test": {level: {m: as_fraction(summary_percent(s, payloads[level])) for m, s in payloads[level]["test"].items()}
+                  for level in levels}}))
     return markdown

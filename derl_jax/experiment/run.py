@@ -81,13 +81,25 @@ def check_expression(expression: str, primitive_names: Sequence[str], outcome_in
     try:
         protocol.compile_checked(text, primitive_names, outcome_index)
     except ValueError as err:
-        message = str(err)
+        message = str(err) if text == expression else _parse_error(expression, domain, primitive_names) or str(err)
         marker = "is not a valid reward: "
         reason = message.split(marker, 1)[1] if marker in message else message
         unknown = re.search(r"unknown name '([^']+)'", reason)
         hint = primitive_registry.missing_hint(domain, primitive_names, unknown.group(1)) if unknown and domain else ""
         raise InputError(f"{flag}={expression!r}: {reason}{hint}") from None
     return text
+
+
+def _parse_error(expression: str, domain: str, primitive_names: Sequence[str]) -> str | None:
+    """The parser's message for `expression` as written (aliases and all: its positions are the
+    user's), None when it parses."""
+    from derl_jax.expr.parse import ExpressionError, parse
+
+    try:
+        parse(expression, primitive_registry.expression_symbols(domain, primitive_names))
+    except ExpressionError as err:
+        return f"parse error at {err.position}: {err.reason}"
+    return None
 
 
 def final_expression(workdir: str, expression: str | None) -> tuple[str, str]:
