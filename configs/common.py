@@ -162,6 +162,14 @@ SELF_GUIDE_DESCRIPTION = "the episode's summed self-rewards of the policy's own 
 # Qwen2.5-1.5B(-Instruct)'s shape: the policy sizes `--mode=plan` reads when the checkpoint is not on disk.
 QWEN25_1_5B_SHAPE = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_layers": 28,
                      "num_heads": 12, "num_kv_heads": 2, "head_dim": 128}
+# Qwen3-1.7B's and Qwen3-4B's shapes (their public config.json: 8 kv heads of 128, tied embeddings),
+# with the model family: the policy sizes `--mode=plan` reads when the checkpoint is not on disk.
+# Self-Guide's paper trains these two (and Qwen2.5-7B); `self_guide_qwen3` uses them.
+QWEN3_1_7B_SHAPE = {"family": "qwen3", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+                    "num_layers": 28, "num_heads": 16, "num_kv_heads": 8, "head_dim": 128}
+QWEN3_4B_SHAPE = {"family": "qwen3", "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
+                  "num_layers": 36, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+QWEN3_POLICIES = {"1_7b": ("/models/Qwen3-1.7B", QWEN3_1_7B_SHAPE), "4b": ("/models/Qwen3-4B", QWEN3_4B_SHAPE)}
 
 OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_iterations": 0,
          "population_inner_steps": 0}
@@ -226,6 +234,16 @@ def self_guide(cfg: ml_collections.ConfigDict, name: str) -> ml_collections.Conf
     cfg.domain.self_guide = True
     cfg.meta.primitive_descriptions = tuple(cfg.meta.primitive_descriptions) + (SELF_GUIDE_DESCRIPTION,)
     cfg.compare.methods = SELF_GUIDE_METHODS
+    return cfg
+
+
+def self_guide_qwen3(cfg: ml_collections.ConfigDict, size: str) -> ml_collections.ConfigDict:
+    """`cfg` (a Self-Guide preset) with the Qwen3 policy of `size` ("1_7b" or "4b", `QWEN3_POLICIES`),
+    the checkpoint Self-Guide's paper trains, read from /models/Qwen3-<size> (override
+    `policy.checkpoint`); the name gets the suffix `_qwen3_<size>`."""
+    checkpoint, shape = QWEN3_POLICIES[size]
+    cfg.name = f"{cfg.name}_qwen3_{size}"
+    cfg.policy.update(checkpoint=checkpoint, tokenizer="", **shape)
     return cfg
 
 

@@ -30,6 +30,10 @@ Presets (`--config=configs/scienceworld.py:<preset>`):
            `self_guide_no_anneal`; the compare's base-policy line is inference-only
            self-guidance (no RL).
 
+  self_guide_qwen3_1_7b, self_guide_qwen3_4b  self_guide with the Qwen3-1.7B / Qwen3-4B policy
+           that Self-Guide's paper trains (/models/Qwen3-1.7B, /models/Qwen3-4B; their public
+           shapes in configs/common.py QWEN3_*_SHAPE, so `--mode=plan` plans them without the files).
+
   tiny     one task, 5 + 2 variations, 5 turns, a tiny scratch policy on its word vocabulary;
            runs on a laptop CPU in about a minute (most of it JVM start-up and compilation):
 
@@ -90,9 +94,13 @@ ALL_TASKS = (
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config of preset `arg`: "default" (None or empty), "derl_pop", "self_guide", "tiny" or "sg_tiny"."""
+    """The config of preset `arg`: "default" (None or empty), "derl_pop", "self_guide", "tiny", "sg_tiny",
+    "self_guide_qwen3_1_7b" or "self_guide_qwen3_4b"."""
     return common.preset({"default": default, "derl_pop": derl_pop, "self_guide": self_guide, "tiny": tiny,
-                          "sg_tiny": sg_tiny}, arg, "configs/scienceworld.py")
+                          "sg_tiny": sg_tiny,
+                          "self_guide_qwen3_1_7b": lambda: common.self_guide_qwen3(self_guide(), "1_7b"),
+                          "self_guide_qwen3_4b": lambda: common.self_guide_qwen3(self_guide(), "4b")},
+                         arg, "configs/scienceworld.py")
 
 
 def default() -> ml_collections.ConfigDict:

@@ -1,4 +1,4 @@
-"""`ModelConfig`: the shapes and numerics of a Qwen2-family model (`derl_jax.models.transformer`)."""
+"""`ModelConfig`: the shapes and numerics of a Qwen2 / Qwen3 model (`derl_jax.models.transformer`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+FAMILIES = ("qwen2", "qwen3")
+"""Model families: "qwen2" (Qwen2 / Qwen2.5: q/k/v projections with bias) and "qwen3" (no q/k/v
+bias; an RMSNorm over each query and key head, applied before the rotary embedding)."""
 
 
 def default_compute_dtype() -> str:
@@ -19,8 +22,9 @@ def default_compute_dtype() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shapes and numerics of a Qwen2-family model.
+    """Shapes and numerics of a Qwen2 / Qwen3 model.
 
+    family: "qwen2" or "qwen3" (`FAMILIES`); the two differ only in the attention block.
     dtype: compute dtype name (activations, matmuls, KV cache); softmax and logits are f32.
     param_dtype: storage dtype name of the parameters.
     remat: recompute each layer's activations in the backward pass (gradient checkpointing).
@@ -40,6 +44,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    family: str = "qwen2"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -57,6 +62,8 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.rope_theta and rms_norm_eps must be positive, got "
                 f"{self.rope_theta!r} and {self.rms_norm_eps!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(
@@ -69,6 +76,16 @@ class ModelConfig:
     @property
     def weight_dtype(self) -> Any:
         return DTYPES[self.param_dtype]
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the q, k and v projections have biases (Qwen2)."""
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether each query and key head is RMS-normed before the rotary embedding (Qwen3)."""
+        return self.family == "qwen3"
 
     @property
     def group_size(self) -> int:

@@ -1,17 +1,20 @@
-"""Hugging Face Qwen2 / Qwen2.5 checkpoints <-> `ModelConfig` and params.
+"""Hugging Face Qwen2 / Qwen2.5 / Qwen3 checkpoints <-> `ModelConfig` and params.
 
 A checkpoint directory holds `config.json` and either `model.safetensors` or shards
 `model-0000i-of-0000n.safetensors` listed in `model.safetensors.index.json`. Both config
 forms are read: the hub form (`rope_theta`, `torch_dtype`) and the newer one
 (`rope_parameters: {rope_theta: ...}`, `dtype`). Torch linear weights are [out, in]; ours
 are [in, out], so every projection is transposed on the way in and out. With tied
-embeddings `lm_head.weight` is absent (or ignored when present).
+embeddings `lm_head.weight` is absent (or ignored when present). `model_type` (or the
+architecture) picks the family: "qwen2" has q/k/v biases, "qwen3" has none but per-head
+q/k norms (`ModelConfig.family`); Qwen3's `attention_bias=true` variant is refused.
 
 Tensor names (i over layers):
     model.embed_tokens.weight                       -> embed.embedding
     model.layers.i.input_layernorm.weight           -> layers.i.input_norm.scale
     model.layers.i.self_attn.{q,k,v}_proj.{weight,bias} -> layers.i.attn.{q,k,v}_proj.{kernel,bias}
     model.layers.i.self_attn.o_proj.weight          -> layers.i.attn.o_proj.kernel
+    model.layers.i.self_attn.{q,k}_norm.weight      -> layers.i.attn.{q,k}_norm.scale (Qwen3)
     model.layers.i.post_attention_layernorm.weight  -> layers.i.post_attn_norm.scale
     model.layers.i.mlp.{gate,up,down}_proj.weight   -> layers.i.mlp.{gate,up,down}_proj.kernel
     model.norm.weight                               -> final_norm.scale
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -36,14 +41,14 @@ from derl_jax.models.transformer import DTYPES, ModelConfig, abstract_model, def
 CONFIG_FILE = "config.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-ARCHITECTURE = "Qwen2ForCausalLM"
-MODEL_TYPE = "qwen2"
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+"""{ModelConfig.family (the config's model_type): transformers architecture}."""
 _NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be read as a Qwen2 model."""
+    """A checkpoint directory that cannot be read as a Qwen2 / Qwen3 model."""
 
 
 def read_hf_config(path: str) -> dict:
@@ -82,15 +87,12 @@ def checkpoint_dtype(hf: Mapping[str, Any]) -> str:
 def config_from_hf(hf: Mapping[str, Any], *, param_dtype: str | None = None,
                    compute_dtype: str | None = None, remat: bool = False,
                    where: str = CONFIG_FILE) -> ModelConfig:
-    """ModelConfig from a Qwen2 `config.json` mapping; `where` names the source in errors."""
-    architectures = list(hf.get("architectures") or [])
-    model_type = hf.get("model_type")
-    if ARCHITECTURE not in architectures and model_type != MODEL_TYPE:
-        raise CheckpointError(
-            f"{where}: not a Qwen2 model (architectures={architectures}, model_type={model_type!r}); "
-            f"expected {ARCHITECTURE!r} or model_type {MODEL_TYPE!r}")
+    """ModelConfig from a Qwen2 / Qwen3 `config.json` mapping; `where` names the source in errors."""
+    family = model_family(hf, where)
     if hf.get("use_sliding_window"):
         raise CheckpointError(f"{where}: use_sliding_window=true is not supported")
+    if family == "qwen3" and hf.get("attention_bias"):
+        raise CheckpointError(f"{where}: attention_bias=true is not supported for Qwen3 (only bias-free attention)")
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{where}: hidden_act {hf.get('hidden_act')!r} is not supported (only 'silu')")
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -113,15 +115,32 @@ def config_from_hf(hf: Mapping[str, Any], *, param_dtype: str | None = None,
         dtype=compute_dtype or default_compute_dtype(),
         param_dtype=param_dtype or checkpoint_dtype(hf),
         remat=remat,
+        family=family,
     )
+
+
+def model_family(hf: Mapping[str, Any], where: str = CONFIG_FILE) -> str:
+    """"qwen2" or "qwen3" from a `config.json` mapping's model_type, else its architectures."""
+    architectures = list(hf.get("architectures") or [])
+    model_type = hf.get("model_type")
+    if model_type in ARCHITECTURES:
+        return model_type
+    for family, architecture in ARCHITECTURES.items():
+        if architecture in architectures:
+            return family
+    expected = " or ".join(f"{a!r} (model_type {f!r})" for f, a in ARCHITECTURES.items())
+    raise CheckpointError(f"{where}: not a Qwen2 or Qwen3 model (architectures={architectures}, "
+                          f"model_type={model_type!r}); expected {expected}")
 
 
 def config_to_hf(config: ModelConfig, dtype: str | None = None) -> dict:
     """A `config.json` mapping for `config`, readable by transformers 4.x and 5.x."""
     dtype = dtype or config.param_dtype
+    family = {"attention_bias": False} if config.family == "qwen3" else {}
     return {
-        "architectures": [ARCHITECTURE],
-        "model_type": MODEL_TYPE,
+        "architectures": [ARCHITECTURES[config.family]],
+        "model_type": config.family,
+        **family,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -157,7 +176,11 @@ def hf_tensor_names(config: ModelConfig) -> dict[str, tuple[tuple, bool]]:
         names[f"{hf_layer}.post_attention_layernorm.weight"] = (layer + ("post_attn_norm", "scale"), False)
         for proj in ("q_proj", "k_proj", "v_proj"):
             names[f"{hf_layer}.self_attn.{proj}.weight"] = (layer + ("attn", proj, "kernel"), True)
-            names[f"{hf_layer}.self_attn.{proj}.bias"] = (layer + ("attn", proj, "bias"), False)
+            if config.qkv_bias:
+                names[f"{hf_layer}.self_attn.{proj}.bias"] = (layer + ("attn", proj, "bias"), False)
+        if config.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                names[f"{hf_layer}.self_attn.{norm}.weight"] = (layer + ("attn", norm, "scale"), False)
         names[f"{hf_layer}.self_attn.o_proj.weight"] = (layer + ("attn", "o_proj", "kernel"), True)
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf_layer}.mlp.{proj}.weight"] = (layer + ("mlp", proj, "kernel"), True)
@@ -210,7 +233,7 @@ def _get_path(tree: Mapping, path: tuple) -> Any:
 
 def load_hf_checkpoint(path: str, dtype: str | None = None, *, compute_dtype: str | None = None,
                        remat: bool = False) -> tuple[ModelConfig, nnx.State]:
-    """(ModelConfig, params) of the Qwen2 checkpoint in directory `path`.
+    """(ModelConfig, params) of the Qwen2 / Qwen3 checkpoint in directory `path`.
 
     dtype: parameter storage dtype name; None keeps the checkpoint's (`dtype`/`torch_dtype`).
     compute_dtype: None picks float32 on CPU, bfloat16 on accelerators.
@@ -231,7 +254,7 @@ def load_hf_checkpoint(path: str, dtype: str | None = None, *, compute_dtype: st
     known = set(expected) | ({"lm_head.weight"} if config.tie_embeddings else set())
     unexpected = [n for n in tensors if n not in known and not n.endswith(_IGNORED_SUFFIXES)]
     if unexpected:
-        raise CheckpointError(f"checkpoint {path!r} has tensors that a Qwen2 model of this config "
+        raise CheckpointError(f"checkpoint {path!r} has tensors that a {config.family} model of this config "
                               f"does not use: {sorted(unexpected)[:8]}")
     values: dict = {}
     storage = _NUMPY_DTYPES[config.param_dtype]
@@ -257,7 +280,9 @@ def load_hf_model(path: str, dtype: str | None = None, *, compute_dtype: str | N
 
 def save_hf_checkpoint(path: str, config: ModelConfig, params: nnx.State, *, dtype: str | None = None,
                        max_shard_bytes: int | None = None) -> list[str]:
-    """Write `config.json` and safetensors weights for `transformers.Qwen2ForCausalLM`.
+    """Write `config.json` and safetensors weights for `transformers.Qwen2ForCausalLM` (or
+    `Qwen3ForCausalLM` for a "qwen3" config) into directory `path` (created if absent; files of
+    the same names are replaced in place, see `save_hf_directory` for an atomic write).
 
     dtype: stored dtype name (default config.param_dtype). max_shard_bytes: split the weights
     into `model-0000i-of-0000n.safetensors` files plus `model.safetensors.index.json` when
@@ -295,6 +320,85 @@ def save_hf_checkpoint(path: str, config: ModelConfig, params: nnx.State, *, dty
     with open(os.path.join(path, INDEX_FILE), "w") as f:
         json.dump(index, f, indent=2)
     return names
+
+
+def save_hf_directory(path: str, config: ModelConfig, params: nnx.State, *, tokenizer: Any = None,
+                      chat_template: str | None = None, dtype: str | None = None,
+                      max_shard_bytes: int | None = None) -> str:
+    """Write a whole Hugging Face model directory at `path` atomically: `save_hf_checkpoint`'s
+    files, plus the tokenizer's files (`tokenizer.save_pretrained`, a transformers tokenizer)
+    and `chat_template` when given and not already the tokenizer's own.
+
+    Everything is written into a temporary directory beside `path`, which then takes its place
+    by rename (a directory already at `path` is moved aside first and deleted after), so a
+    process killed mid-write leaves the previous directory or none, never a partial one.
+    Returns `path`.
+    """
+    path = os.path.abspath(path)
+    parent, name = os.path.dirname(path), os.path.basename(path)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    try:
+        save_hf_checkpoint(staging, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+            if chat_template and chat_template != getattr(tokenizer, "chat_template", None):
+                _write_chat_template(staging, chat_template)
+        _sync_tree(staging)
+        _replace_directory(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+def _write_chat_template(directory: str, template: str) -> None:
+    """`template` as the directory's chat template: `chat_template.jinja`, and the
+    `chat_template` entry of tokenizer_config.json when that file carries one."""
+    with open(os.path.join(directory, CHAT_TEMPLATE_FILE), "w", encoding="utf-8") as f:
+        f.write(template)
+    config_path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            tokenizer_config = json.load(f)
+        if "chat_template" in tokenizer_config:
+            tokenizer_config["chat_template"] = template
+            with open(config_path, "w", encoding="utf-8") as f:
+                json.dump(tokenizer_config, f, indent=2, ensure_ascii=False)
+
+
+def _sync_tree(directory: str) -> None:
+    """fsync every file of `directory` and the directory itself."""
+    for name in os.listdir(directory):
+        file_path = os.path.join(directory, name)
+        if os.path.isfile(file_path):
+            with open(file_path, "rb") as f:
+                os.fsync(f.fileno())
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _replace_directory(staging: str, path: str) -> None:
+    """Rename `staging` to `path`; a directory already there is moved aside, then deleted."""
+    old = None
+    if os.path.lexists(path):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".old", dir=os.path.dirname(path))
+        os.rename(path, os.path.join(old, "previous"))
+    os.rename(staging, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    descriptor = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _pack_shards(tensors: dict[str, np.ndarray], max_shard_bytes: int | None) -> list[dict[str, np.ndarray]]:

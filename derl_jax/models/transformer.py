@@ -1,9 +1,10 @@
-"""Qwen2-family decoder-only transformer in flax.nnx, used functionally.
+"""Qwen2 / Qwen3 decoder-only transformer in flax.nnx, used functionally.
 
-Architecture (as Hugging Face `Qwen2ForCausalLM`): token embedding; per layer
-RMSNorm -> grouped-query attention (q/k/v projections with bias, output projection without)
-with rotary position embedding (rotate-half convention) -> residual, RMSNorm -> SwiGLU MLP ->
-residual; final RMSNorm; language-model head tied to the embedding or separate.
+Architecture (as Hugging Face `Qwen2ForCausalLM` / `Qwen3ForCausalLM`): token embedding; per
+layer RMSNorm -> grouped-query attention (q/k/v projections, with bias for Qwen2, output
+projection without; for Qwen3 an RMSNorm over each query and key head) with rotary position
+embedding (rotate-half convention) -> residual, RMSNorm -> SwiGLU MLP -> residual; final
+RMSNorm; language-model head tied to the embedding or separate (`ModelConfig.family`).
 
 Every projection runs as one 2-D matmul over the flattened tokens, q/k/v and gate/up each as
 one matmul with their kernels side by side while those are small (`project_side_by_side`),
@@ -25,6 +26,7 @@ Parameter layout (paths in the params `nnx.State`, kernels stored [in, out]):
     layers.{i}.attn.k_proj.kernel        [D, K*Dh]    (None, 'model')   .bias [K*Dh] ('model',)
     layers.{i}.attn.v_proj.kernel        [D, K*Dh]    (None, 'model')   .bias [K*Dh] ('model',)
     layers.{i}.attn.o_proj.kernel        [H*Dh, D]    ('model', None)
+    layers.{i}.attn.{q,k}_norm.scale     [Dh]         (None,)           Qwen3 only (and no q/k/v biases)
     layers.{i}.post_attn_norm.scale      [D]          (None,)
     layers.{i}.mlp.gate_proj.kernel      [D, F]       (None, 'model')
     layers.{i}.mlp.up_proj.kernel        [D, F]       (None, 'model')
@@ -64,14 +66,14 @@ def tiny_config(vocab_size: int, *, hidden_size: int = 128, intermediate_size: i
                 head_dim: int | None = None, rope_theta: float = 10000.0,
                 tie_embeddings: bool = True, max_position: int = 1024,
                 dtype: str = "float32", param_dtype: str = "float32",
-                remat: bool = False) -> ModelConfig:
+                remat: bool = False, family: str = "qwen2") -> ModelConfig:
     """A small model (about 0.4M parameters plus 128 per vocabulary entry) for CPU tests and toy domains."""
     return ModelConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim or hidden_size // num_heads, rope_theta=rope_theta, rms_norm_eps=1e-6,
         tie_embeddings=tie_embeddings, max_position=max_position, dtype=dtype,
-        param_dtype=param_dtype, remat=remat)
+        param_dtype=param_dtype, remat=remat, family=family)
 
 
 def _qwen2_5(hidden: int, inter: int, layers: int, heads: int, dtype: str | None,
@@ -96,6 +98,27 @@ def qwen2_5_1_5b(dtype: str | None = None, param_dtype: str = "float32", remat: 
 def qwen2_5_3b(dtype: str | None = None, param_dtype: str = "float32", remat: bool = False) -> ModelConfig:
     """Qwen2.5-3B shapes (3,085,938,688 parameters)."""
     return _qwen2_5(2048, 11008, 36, 16, dtype, param_dtype, remat)
+
+
+def _qwen3(hidden: int, inter: int, layers: int, heads: int, dtype: str | None, param_dtype: str,
+           remat: bool) -> ModelConfig:
+    """Shapes from the public config.json of Qwen/Qwen3-1.7B and Qwen/Qwen3-4B: 8 kv heads of 128,
+    vocabulary 151,936, tied embeddings, rope_theta 1e6, 40,960 positions."""
+    return ModelConfig(
+        vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads,
+        num_kv_heads=8, head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+        max_position=40960, dtype=dtype or default_compute_dtype(), param_dtype=param_dtype, remat=remat,
+        family="qwen3")
+
+
+def qwen3_1_7b(dtype: str | None = None, param_dtype: str = "float32", remat: bool = False) -> ModelConfig:
+    """Qwen3-1.7B shapes (1,720,574,976 parameters, the embedding tied)."""
+    return _qwen3(2048, 6144, 28, 16, dtype, param_dtype, remat)
+
+
+def qwen3_4b(dtype: str | None = None, param_dtype: str = "float32", remat: bool = False) -> ModelConfig:
+    """Qwen3-4B shapes (4,022,468,096 parameters, the embedding tied)."""
+    return _qwen3(2560, 9728, 36, 32, dtype, param_dtype, remat)
 
 
 def _param(shape: tuple[int, ...], dtype: Any, sharding: tuple, fill: float = 0.0) -> nnx.Param:
@@ -201,16 +224,28 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
 
 
+def head_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """x[B, T, heads, Dh] RMS-normed over Dh, times scale[heads, Dh]: `RMSNorm` per head (the
+    statistics in f32, the result in x's dtype)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with rotary embedding and an optional KV cache."""
 
     def __init__(self, config: ModelConfig):
         d, h, k, dh = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         dense = dict(dtype=config.compute_dtype, param_dtype=config.weight_dtype)
-        self.q_proj = Dense(d, h * dh, use_bias=True, shard_input=False, **dense)
-        self.k_proj = Dense(d, k * dh, use_bias=True, shard_input=False, **dense)
-        self.v_proj = Dense(d, k * dh, use_bias=True, shard_input=False, **dense)
+        bias = config.qkv_bias
+        self.q_proj = Dense(d, h * dh, use_bias=bias, shard_input=False, **dense)
+        self.k_proj = Dense(d, k * dh, use_bias=bias, shard_input=False, **dense)
+        self.v_proj = Dense(d, k * dh, use_bias=bias, shard_input=False, **dense)
         self.o_proj = Dense(h * dh, d, use_bias=False, shard_input=True, **dense)
+        norm = dict(dtype=config.compute_dtype, param_dtype=config.weight_dtype)
+        self.q_norm = RMSNorm(dh, config.rms_norm_eps, **norm) if config.qk_norm else None
+        self.k_norm = RMSNorm(dh, config.rms_norm_eps, **norm) if config.qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, dh
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, score_bias: jax.Array,
@@ -220,18 +255,23 @@ class Attention(nnx.Module):
 
         Every position's keys and values are computed (and cached); only positions
         [queries_from, T) query. q, k and v come from one `project_side_by_side` call, and q and
-        k are rotated together. The products "qkv" [B, T, (H + 2K) * Dh], "attn" [B, T, H * Dh]
+        k are normed per head (Qwen3) and rotated together. The products "qkv" [B, T, (H + 2K) * Dh], "attn" [B, T, H * Dh]
         (with "probs", the attention's probabilities) and "o" [B, T, D] are replayed from `saved`
         and recorded into `record`.
         """
         batch, length, _ = x.shape
         h, kv = self.num_heads, self.num_kv_heads
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        biases = None if projections[0].bias is None else [proj.bias[...] for proj in projections]
         qkv = _product("qkv", lambda x, kernels, biases: project_side_by_side(x, kernels, biases, x.dtype),
-                       (x, [proj.kernel[...] for proj in projections], [proj.bias[...] for proj in projections]),
-                       saved, record)
+                       (x, [proj.kernel[...] for proj in projections], biases), saved, record)
         qkv = qkv.reshape(batch, length, h + 2 * kv, self.head_dim)
         qk, v = jnp.split(qkv, [h + kv], axis=2)
+        if self.q_norm is not None:
+            # one norm over the H query and K key heads side by side, each with its own scale row
+            scale = jnp.concatenate([jnp.broadcast_to(self.q_norm.scale[...], (h, self.head_dim)),
+                                     jnp.broadcast_to(self.k_norm.scale[...], (kv, self.head_dim))])
+            qk = head_norm(qk, scale, self.q_norm.eps)
         q, k = jnp.split(apply_rotary(qk, cos, sin), [h], axis=2)
         cache, k, v = write_cache(cache, k, v, cache_index, layer_index)
         if saved is not None:
@@ -338,7 +378,7 @@ def _initial_values(params: nnx.State, key: jax.Array, max_draw: int = 1 << 27) 
 
 
 class Transformer(nnx.Module):
-    """Qwen2-family causal language model."""
+    """Qwen2 / Qwen3 causal language model (`ModelConfig.family`)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None):
         """With `rngs`, weights are drawn from normal(0.02) (biases 0, norm scales 1) using
