@@ -21,8 +21,6 @@ CORE = [
     "tqdm>=4.60",
     "pyarrow>=14",
     "scipy>=1.10",
-    "rliable>=1.2",
-    "pandas>=2,<3",  # rliable's bootstrap (arch < 8) does not load under pandas 3
 ]
 
 AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 11 or later

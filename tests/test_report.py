@@ -11,6 +11,7 @@ from derl_jax.experiment.stats import (
     difference_table,
     interval_estimates,
     paired_difference,
+    probability_of_improvement,
     results_table,
     student_t_quantile,
     summarize,
@@ -40,23 +41,29 @@ def test_t_quantile_closed_forms():
 
 
 def test_a_paired_difference_by_hand():
-    """Two seeds x two items; the difference and rliable's probability of improvement counted by hand."""
+    """Two seeds x two items; the difference and the probability of improvement counted by hand
+    (shown only for scores that are not all 0/1: with 0/1 items it is 0.5 + difference / 2)."""
     a = np.array([[1.0, 0.0], [1.0, 1.0]])
     b = np.array([[0.0, 0.0], [1.0, 0.0]])
     d = paired_difference(a, b, reps=500)
     assert d["difference"] == pytest.approx(0.75 - 0.25)
+    assert d["probability_of_improvement"] is None
     # item 0: a's seeds {1, 1} against b's {0, 1}: wins 1, 0.5, 1, 0.5 -> 0.75; item 1: {0, 1} against {0, 0} -> 0.75
-    assert d["probability_of_improvement"] == pytest.approx(0.75)
-    assert -1.0 <= d["ci95_low"] <= d["difference"] <= d["ci95_high"] <= 1.0
+    assert probability_of_improvement(a, b) == pytest.approx(0.75) == pytest.approx(0.5 + d["difference"] / 2)
+    graded = paired_difference(0.5 * a, 0.5 * b, reps=100)
+    assert graded["probability_of_improvement"] == pytest.approx(0.75)
+    assert d["ci95_low"] <= d["difference"] <= d["ci95_high"]
+    assert -1.0 <= d["bootstrap_low"] <= d["difference"] <= d["bootstrap_high"] <= 1.0
     assert (d["seeds"], d["items"]) == (2, 2)
 
 
 def test_a_constant_difference_is_recovered_exactly_and_separated():
     rng = np.random.default_rng(0)
     b = rng.integers(0, 2, size=(5, 300)).astype(float) * 0.5
-    d = paired_difference(b + 0.1, b)  # paired: every resample sees the same +0.1
+    d = paired_difference(b + 0.1, b)  # paired: every seed and every resample sees the same +0.1
     assert d["difference"] == pytest.approx(0.1)
     assert d["ci95_low"] == pytest.approx(0.1) and d["ci95_high"] == pytest.approx(0.1)
+    assert d["bootstrap_low"] == pytest.approx(0.1) and d["bootstrap_high"] == pytest.approx(0.1)
     assert d["separated"] and verdict(d) == "separated"
     assert verdict(paired_difference(b, b + 0.1)) == "reversed"
 
@@ -68,24 +75,26 @@ def test_two_draws_of_one_method_are_not_separated_and_a_true_gap_is():
     assert same["ci95_low"] < 0.0 < same["ci95_high"] and verdict(same) == "not separated"
     better = (rng.random((5, 1000)) < 0.4).astype(float)
     gap = paired_difference(better, second)
-    assert gap["ci95_low"] < 0.1 < gap["ci95_high"] and gap["ci95_low"] > 0.0 and verdict(gap) == "separated"
+    assert gap["ci95_low"] < gap["difference"] < gap["ci95_high"] and gap["ci95_low"] > 0.0 and verdict(gap) == "separated"
+    assert gap["bootstrap_low"] < 0.1 < gap["bootstrap_high"]
     assert paired_difference(better, second) == gap  # a fixed bootstrap seed: the same interval again
 
 
 def test_the_seed_to_seed_spread_widens_the_interval():
     """Per-seed differences of +30, -10, +20, -20, +5 points on every item: the mean is +5, but five
-    seeds cannot tell it from 0. A bootstrap over items alone would give [+5, +5]; over seeds
-    and items the interval is about the seeds' own (compared with the t-interval of the five
-    per-seed differences, which is wider still)."""
+    seeds cannot tell it from 0. A bootstrap over items alone would give [+5, +5]; the primary
+    interval is the t-interval of the five per-seed differences, and the two-way bootstrap
+    (secondary) is narrower than it, inside the range of the seeds."""
     per_seed = np.array([0.3, -0.1, 0.2, -0.2, 0.05])
     b = (np.random.default_rng(2).random((5, 1000)) < 0.5).astype(float)
     d = paired_difference(b + per_seed[:, None], b)
     assert d["difference"] == pytest.approx(0.05)
     assert d["ci95_low"] < 0.0 < d["ci95_high"] and verdict(d) == "not separated"
     t = summarize(per_seed)
-    assert t["ci95_low"] < d["ci95_low"] and d["ci95_high"] < t["ci95_high"]
-    assert d["ci95_high"] - d["ci95_low"] > 0.2
-    assert min(per_seed) <= d["ci95_low"] and d["ci95_high"] <= max(per_seed)
+    assert (d["ci95_low"], d["ci95_high"]) == pytest.approx((t["ci95_low"], t["ci95_high"]))
+    assert t["ci95_low"] < d["bootstrap_low"] and d["bootstrap_high"] < t["ci95_high"]
+    assert d["bootstrap_high"] - d["bootstrap_low"] > 0.2
+    assert min(per_seed) <= d["bootstrap_low"] and d["bootstrap_high"] <= max(per_seed)
 
 
 def test_paired_difference_refuses_unpaired_scores():
@@ -104,13 +113,18 @@ def test_interval_estimates_of_mean_and_iqm():
 
 
 def test_the_difference_table_reports_points_and_verdicts():
-    rows = [("derl", "outcome", {"difference": 0.034, "ci95_low": 0.012, "ci95_high": 0.055,
+    rows = [("derl", "outcome", {"difference": 0.034, "ci95_low": 0.012, "ci95_high": 0.055, "p_value": 0.03,
+                                 "bootstrap_low": 0.02, "bootstrap_high": 0.05,
                                  "probability_of_improvement": 0.61, "separated": True, "seeds": 5, "items": 1000}),
-            ("derl", "random", {"difference": -0.01, "ci95_low": -0.03, "ci95_high": 0.012,
-                                "probability_of_improvement": 0.49, "separated": False, "seeds": 5, "items": 1000})]
+            ("derl", "random", {"difference": -0.01, "ci95_low": -0.03, "ci95_high": 0.012, "p_value": 0.4,
+                                "bootstrap_low": -0.02, "bootstrap_high": 0.01,
+                                "probability_of_improvement": None, "separated": False, "seeds": 5, "items": 1000})]
     table = difference_table(rows)
-    assert "| derl | outcome | +3.4 | [+1.2, +5.5] | 0.61 | 5 x 1000 | separated |" in table
-    assert "| derl | random | -1.0 | [-3.0, +1.2] | 0.49 | 5 x 1000 | not separated |" in table
+    # Holm over two rows: 0.03 x 2 = 0.06 > 0.05, so the first row is not separated after adjustment
+    assert "| derl | outcome | +3.4 | [+1.2, +5.5] | [+2.0, +5.0] | 0.61 | 5 x 1000 | separated | not separated |" in table
+    assert "| derl | random | -1.0 | [-3.0, +1.2] | [-2.0, +1.0] | - | 5 x 1000 | not separated | not separated |" in table
+    binary = difference_table(rows[1:])   # no graded scores: no probability-of-improvement column
+    assert "P(method > baseline)" not in binary and "| -1.0 | [-3.0, +1.2] | [-2.0, +1.0] | 5 x 1000 |" in binary
 
 
 def test_summarize_matches_numpy():

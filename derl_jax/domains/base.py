@@ -58,6 +58,7 @@ class TokenDataset:
 
 ROLLOUT_KINDS = ("device", "host", "env")
 FULL_HISTORY = "full"   # Domain.history: every turn since reset (an int W: the last W turns)
+REWARD_CLASSES = ("top", "partial", "decoy", "other")  # Domain.reward_class
 INNER_TRAIN_FRACTION = 0.8  # the outer loop's 8:2 cut of the training split into inner-train and validation
 
 
@@ -95,6 +96,12 @@ class Domain:
       the supervised corpus of the warm-start base policy (`derl_jax.rl.sft`); holdout_rows
       are training rows to leave out, options the `config.policy` block.
     info: anything else worth recording (split sizes, levels, ...).
+    aligned_indices: primitives besides the outcome that are outcome-aligned by construction
+      (symbols: `position`, the dense share of correctly reversed letters). The Fig. 4 structure
+      rule (`derl_jax.expr.structure`) counts a reward that rises with any of them as valid.
+    classifier: optional `classifier(expression text) -> "top" | "partial" | "decoy" | "other"`,
+      the reward's class known from the domain's construction (`reward_class`); None where the
+      domain has no such ranking.
     """
 
     name: str
@@ -114,6 +121,8 @@ class Domain:
     prompt_budget: int = 0
     corpus: Callable[[int, Sequence[int], Any], list[tuple[str, str]]] | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    aligned_indices: tuple[int, ...] = ()
+    classifier: Callable[[str], str | None] | None = None
 
     def __post_init__(self):
         if self.rollout not in ROLLOUT_KINDS:
@@ -123,6 +132,10 @@ class Domain:
         if not 0 <= self.outcome_index < len(self.primitives):
             raise ValueError(f"domain {self.name!r}: outcome_index {self.outcome_index} is not one of its "
                              f"{len(self.primitives)} primitives")
+        wrong = [i for i in self.aligned_indices if not 0 <= i < len(self.primitives) or i == self.outcome_index]
+        if wrong:
+            raise ValueError(f"domain {self.name!r}: aligned_indices {wrong} must be primitives other than the outcome "
+                             f"(0..{len(self.primitives) - 1}, outcome {self.outcome_index})")
         if self.rollout == "env" and (self.env is None or not is_history(self.history)):
             raise ValueError(f"domain {self.name!r}: rollout 'env' needs an env and a history of an int >= 1 or "
                              f"{FULL_HISTORY!r}, got {self.history!r}")
@@ -157,6 +170,18 @@ class Domain:
     def validation_metric(self) -> str:
         """The name of the primitive greedy pass@1 is measured with."""
         return self.primitives[self.outcome_index].name
+
+    def reward_class(self, expression: str) -> str | None:
+        """"top" | "partial" | "decoy" | "other": the class of reward `expression` known from the
+        domain's construction (`REWARD_CLASSES`); None where the domain declares no classifier
+        (endpoints that need it are then not measurable)."""
+        if self.classifier is None:
+            return None
+        found = self.classifier(expression)
+        if found is not None and found not in REWARD_CLASSES:
+            raise ValueError(f"domain {self.name!r}: reward_class({expression!r}) gave {found!r}, "
+                             f"expected one of {REWARD_CLASSES}")
+        return found
 
     def primitive_values(self, rollout: Mapping[str, jax.Array], context: Mapping[str, jax.Array]) -> jax.Array:
         """f32[N, P]: every (device) primitive on every rollout (jit-compatible)."""

@@ -214,6 +214,7 @@ def make_symbols_domain(cfg: Any) -> Domain:
         name="symbols",
         primitives=registry.resolve("symbols", SYMBOLS_PRIMITIVES),
         outcome_index=0,
+        aligned_indices=(SYMBOLS_PRIMITIVES.index("position"),),   # the dense aligned share (Fig. 4 rule)
         train=make_dataset(tokenizer, train, spec),
         test=make_dataset(tokenizer, test, spec),
         tokenizer=tokenizer,

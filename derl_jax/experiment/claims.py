@@ -6,9 +6,11 @@
 A paired difference compares two methods on the same seeds (the same base policy and final
 training key per seed) and the same test items: `MethodResult.test_items` holds the headline
 policy's per-item scores, so a method's scores form f[seeds, items] and
-`stats.paired_difference` bootstraps over seeds and items with the same draw for both. A
-trend (validation rising over outer iterations, stable structures taking over) is the
-least-squares slope of each seed's per-iteration series, with a Student-t interval over seeds.
+`stats.paired_difference` gives the Student-t interval over the per-seed differences (and a
+two-way bootstrap beside it). A trend (validation rising over outer iterations, stable
+structures taking over) is the least-squares slope of each seed's per-iteration series, with a
+Student-t interval over seeds. Each claim's verdict reads its own interval; the Holm verdict
+adjusts the claims' p-values over the claims of one compare.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def slope(values: np.ndarray) -> float:
 
 
 def trend(runs: Sequence[MethodResult], name: str) -> dict | None:
-    """Per-seed slopes of `name` over iterations: their mean, Student-t 95% interval, verdict; None
+    """Per-seed slopes of `name` over iterations: `stats.t_test` of them (mean, Student-t 95%
+    interval, p-value, "separated"); None
     without at least two seeds of at least two iterations."""
     slopes = []
     for run in runs:
@@ -98,10 +101,7 @@ def trend(runs: Sequence[MethodResult], name: str) -> dict | None:
             slopes.append(slope(values))
     if len(slopes) < 2:
         return None
-    summary = stats.summarize(slopes)
-    low, high = summary["ci95_low"], summary["ci95_high"]
-    return {"difference": summary["mean"], "ci95_low": low, "ci95_high": high, "seeds": len(slopes),
-            "separated": bool(low > 0.0 or high < 0.0)}
+    return stats.t_test(slopes)
 
 
 def iteration_difference(results: Mapping[str, Sequence[MethodResult]], method: str = "derl",
@@ -123,33 +123,87 @@ def iteration_difference(results: Mapping[str, Sequence[MethodResult]], method: 
             "ci95_high": [s["ci95_high"] for s in summaries], "seeds": len(seeds)}
 
 
-def claim_rows(results: Mapping[str, Sequence[MethodResult]]) -> list[dict]:
+STRUCTURE_CLAIM = TREND_CLAIMS[1][0]
+NOT_MEASURABLE = stats.NOT_MEASURABLE
+
+
+def claim_rows(results: Mapping[str, Sequence[MethodResult]], *, aligned: Sequence[int] = ()) -> list[dict]:
     """One row per paper claim this compare can test: {"claim", "kind" ("paired" | "trend"),
-    "difference", "ci95_low", "ci95_high", "verdict", ...}; claims whose methods did not run,
-    or lack item scores or seeds, are left out."""
+    "difference", "ci95_low", "ci95_high", "p_value", "verdict", "p_holm", "verdict_holm", ...};
+    claims whose methods did not run, or lack item scores or seeds, are left out.
+
+    aligned: the domain's outcome-aligned primitives besides the outcome (`Domain.aligned_indices`).
+    The structure classes a search records use the outcome-only rule, so where a domain declares
+    aligned primitives the Fig. 4 claim is reported "not measurable" (no interval, not in Holm)."""
     rows = []
     for claim, method, baseline in PAIRED_CLAIMS:
         difference = paired(results, method, baseline)
         if difference is not None:
-            rows.append({"claim": claim, "kind": "paired", "method": method, "baseline": baseline, **difference,
-                         "verdict": stats.verdict(difference)})
+            rows.append({"claim": claim, "kind": "paired", "method": method, "baseline": baseline, **difference})
     for claim, method, name in TREND_CLAIMS:
         found = trend(results.get(method, ()), name)
         if found is not None:
-            rows.append({"claim": claim, "kind": "trend", "method": method, "series": name, **found,
-                         "verdict": stats.verdict(found)})
+            rows.append({"claim": claim, "kind": "trend", "method": method, "series": name, **found})
+    return finish_claims(rows, aligned)
+
+
+def finish_claims(rows: Sequence[Mapping[str, Any]], aligned: Sequence[int] = ()) -> list[dict]:
+    """Claim rows with their verdicts: the raw one from each interval, the Holm one over the
+    measurable claims; the Fig. 4 claim "not measurable" where `aligned` is not empty."""
+    rows = [dict(row) for row in rows]
+    for row in rows:
+        if row["claim"] == STRUCTURE_CLAIM and aligned:
+            row.update(verdict=NOT_MEASURABLE, verdict_holm=NOT_MEASURABLE, p_value=None, p_holm=None,
+                       note="the structure rule ignores the domain's outcome-aligned primitives "
+                            + ", ".join(f"g{i + 1}" for i in aligned))
+    measurable = [i for i, row in enumerate(rows) if row.get("verdict") != NOT_MEASURABLE]
+    for i, adjusted in zip(measurable, stats.with_holm([rows[i] for i in measurable])):
+        rows[i] = {**adjusted, "verdict": stats.verdict(adjusted)}
     return rows
+
+
+def refresh(payload: Mapping[str, Any]) -> tuple[list[tuple[str, str, dict]], list[dict]]:
+    """(paired rows, claim rows) of a saved results.json, recomputed with the current statistics:
+    paired rows and paired claims from each seed's item scores (`per_seed[..]["test_items"]`),
+    trend claims from the saved slopes' interval (its p-value recovered from it,
+    `stats.p_from_interval`). The Fig. 4 claim is "not measurable" where the payload's
+    `structure_rule` names aligned primitives."""
+    runs = {m: [MethodResult(method=m, seed=r["seed"], expression=None, canonical=None, latex=None,
+                             validation=0.0, test=0.0, budget={}, per_iteration=None, final_curves={},
+                             test_items=r.get("test_items"))
+                for r in rows] for m, rows in payload.get("per_seed", {}).items()}
+    paired_found = paired_rows(runs)
+    rows = []
+    for claim, method, baseline in PAIRED_CLAIMS:
+        difference = paired(runs, method, baseline)
+        if difference is not None:
+            rows.append({"claim": claim, "kind": "paired", "method": method, "baseline": baseline, **difference})
+    for row in payload.get("claims") or ():
+        if row["kind"] == "trend":
+            p = row.get("p_value")
+            if p is None and row.get("ci95_low") is not None:
+                p = stats.p_from_interval(row["difference"], row["ci95_low"], row["ci95_high"], row["seeds"])
+            rows.append({key: value for key, value in row.items() if key not in ("verdict", "verdict_holm", "p_holm")}
+                        | {"p_value": p, "separated": bool(row["ci95_low"] > 0.0 or row["ci95_high"] < 0.0)})
+    aligned = (payload.get("structure_rule") or {}).get("aligned_indices", ())
+    return paired_found, finish_claims(rows, aligned)
 
 
 def claims_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """Markdown: claim, difference (points for paired claims, points per iteration for trends),
-    95% interval, verdict."""
-    lines = ["| claim | measured as | difference | 95% CI | verdict |", "|---|---|---:|---|---|"]
+    95% Student-t interval over seeds, p-value, verdict and Holm verdict (over the claims)."""
+    lines = ["| claim | measured as | difference | 95% CI (t over seeds) | p | verdict | Holm verdict |",
+             "|---|---|---:|---|---:|---|---|"]
     for row in rows:
         if row["kind"] == "paired":
             what = f"{row['method']} − {row['baseline']}, test, paired over {row['seeds']} seeds x {row['items']} items"
         else:
             what = f"{row['method']}: slope of {row['series']} per iteration over {row['seeds']} seeds"
+        if row.get("note"):
+            lines.append(f"| {row['claim']} | {what} | - | - | - | {NOT_MEASURABLE}: {row['note']} | - |")
+            continue
+        p = "-" if row.get("p_value") is None else f"{row['p_value']:.3f}"
         lines.append(f"| {row['claim']} | {what} | {100 * row['difference']:+.2f} | "
-                     f"[{100 * row['ci95_low']:+.2f}, {100 * row['ci95_high']:+.2f}] | {row['verdict']} |")
+                     f"[{100 * row['ci95_low']:+.2f}, {100 * row['ci95_high']:+.2f}] | {p} | {row['verdict']} | "
+                     f"{row.get('verdict_holm', '-')} |")
     return "\n".join(lines) + "\n"

@@ -112,17 +112,19 @@ def render_compare(folder: str, link_prefix: str, title: str | None = None) -> l
     if payload is None:
         raise FileNotFoundError(f"render: no {RESULTS_JSON} in {folder}")
     lines = [f"#### {title}", ""] if title else []
-    if payload.get("claims"):
-        lines += ["The paper's claims on this compare:", "", claims.claims_table(payload["claims"])]
+    paired, claim_rows = claims.refresh(payload)   # the current statistics, from the kept per-item scores
+    if claim_rows:
+        lines += ["The paper's claims on this compare (verdict: the 95% Student-t interval over seeds; Holm: "
+                  "p-values adjusted over the claims):", "", claims.claims_table(claim_rows)]
     rows = [f"| {m} | {s['n']} | {stats.format_summary(summary_percent(s, payload))} |"
             for m, s in payload["test"].items()]
     lines += ["Headline test accuracy (%), mean ± std [95% t-interval] over seeds:", "",
               "| method | seeds | test accuracy (%) |", "|---|---:|---|", *rows, ""]
     if payload.get("base_policy_test") is not None:
         lines += [f"Base policy (before RL): {100 * payload['base_policy_test']:.2f}%.", ""]
-    if payload.get("paired"):
-        paired = [(p["method"], p["baseline"], p) for p in payload["paired"]]
-        lines += ["Paired differences (same seeds, base policy and test items; bootstrap over seeds and items):", "",
+    if paired:
+        lines += ["Paired differences (same seeds, base policy and test items; verdict: Student-t over the per-seed "
+                  "differences; two-way bootstrap over seeds and items beside it; Holm over the table's rows):", "",
                   stats.difference_table(paired)]
     for name, path in (payload.get("plots") or {}).items():
         lines += [f"![{name}]({link_prefix}/{path})", ""]
@@ -153,8 +155,8 @@ def render_curves(folder: str, link_prefix: str) -> list[str]:
     lines.append("")
     differences = curve.compare_curves(payloads) if all(p.get("test_items") for p in payloads) else []
     if differences:
-        lines += [f"Paired differences against `{order[0]}` (same seeds, base policy and test items; bootstrap "
-                  "over seeds and items):", "",
+        lines += [f"Paired differences against `{order[0]}` (same seeds, base policy and test items; verdict: "
+                  "Student-t over the per-seed differences; two-way bootstrap beside it):", "",
                   stats.difference_table([(f"{d['label']} @ {d['steps']}", f"{d['baseline']} @ {d['steps']}", d)
                                           for d in differences])]
     lines += [f"![curves]({link_prefix}/{CURVE_SET_PLOT})", ""]

@@ -488,7 +488,8 @@ def compare(
         return None
     searched = {m: [best_so_far(read_jsonl(os.path.join(method_dir(workdir, m, s), HISTORY_FILE))) for s in seeds]
                 for m in methods if get_strategy(m).searches}
-    return write_report(workdir, results, base_test=base_test, best_so_far=searched)
+    return write_report(workdir, results, base_test=base_test, best_so_far=searched,
+                        aligned=getattr(domain, "aligned_indices", ()))
 
 
 def base_policy_test(workdir: str, domain: TokenDomain, evaluator: CandidateEvaluator, base_params: Any) -> float:

@@ -61,11 +61,15 @@ def summary_percent(summary: Mapping[str, Any], payload: Mapping[str, Any]) -> d
 
 
 def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None,
-                 best_so_far: Mapping[str, Sequence[Sequence[float]]] | None = None) -> dict:
+                 best_so_far: Mapping[str, Sequence[Sequence[float]]] | None = None,
+                 aligned: Sequence[int] = ()) -> dict:
     """results.json, results.md and the plots in `workdir`; returns the results.json content.
     `base_test`: the base policy's test accuracy (before RL), reported beside the methods.
     `best_so_far`: per search method, per seed, the best validation score after each charged
-    candidate (`results.best_so_far`): plotted against candidates evaluated (`best_so_far.png`)."""
+    candidate (`results.best_so_far`): plotted against candidates evaluated (`best_so_far.png`).
+    `aligned`: the domain's outcome-aligned primitives (`Domain.aligned_indices`), recorded as
+    results.json's "structure_rule"; where there are some the Fig. 4 claim is not measurable
+    (`claims.claim_rows`)."""
     workdir = os.fspath(workdir)
     pct = lambda field: {m: [100.0 * _value(r, field) for r in rs] for m, rs in results.items()}  # noqa: E731
     test_md, test_summary = stats.results_table(pct("test"), column="test accuracy (%)", clip=(0.0, 100.0))
@@ -102,7 +106,7 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
             ylabel="best validation score so far")
 
     paired = claims.paired_rows(results)
-    claim_rows = claims.claim_rows(results)
+    claim_rows = claims.claim_rows(results, aligned=aligned)
     derl_minus_random = claims.iteration_difference(results)
     set_md, set_summary = test_set_table(results, "test_sets")
     retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
@@ -119,6 +123,7 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
         "validation": fraction(val_summary),
         "paired": [{"method": m, "baseline": b, **d} for m, b, d in paired],
         "claims": claim_rows,
+        "structure_rule": {"aligned_indices": [int(i) for i in aligned]},
         "derl_minus_random_per_iteration": derl_minus_random,
         "headline": {m: sorted({r.headline for r in rs}) for m, rs in results.items()},
         "per_seed": {m: [_seed_row(r) for r in rs] for m, rs in results.items()},
@@ -246,15 +251,18 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     lines = ["# DERL comparison", ""]
     if payload["claims"]:
         lines += ["## The paper's claims on this compare", "",
-                  "Separated: the 95% interval excludes 0 in the claim's direction; reversed: it excludes 0 "
-                  "the other way.", "", claims.claims_table(payload["claims"])]
+                  "Separated: the 95% Student-t interval over seeds excludes 0 in the claim's direction; reversed: "
+                  "it excludes 0 the other way. The Holm verdict adjusts the p-values over this table's claims.", "",
+                  claims.claims_table(payload["claims"])]
     lines += [f"## Test accuracy (headline: {headline})", "", test_md]
     if payload.get("base_policy_test") is not None:
         lines += [f"Base policy (before RL): {100 * payload['base_policy_test']:.2f}% test accuracy.", ""]
     if paired:
         lines += ["## Paired differences (same seeds, same base policy, same test items)", "",
-                  "Method minus baseline in test accuracy points; the interval is a paired bootstrap over seeds and "
-                  "test items (two-way: seeds and items both resampled); \"separated\" only when it excludes 0.", "", stats.difference_table(paired)]
+                  "Method minus baseline in test accuracy points. The verdict reads the Student-t interval over "
+                  "the per-seed paired differences (\"separated\" only when it excludes 0); the two-way bootstrap "
+                  "over seeds and items is shown beside it; the Holm verdict adjusts the p-values over the table's "
+                  "rows.", "", stats.difference_table(paired)]
     lines += _iteration_difference_lines(payload.get("derl_minus_random_per_iteration"))
     lines += ["## Test accuracy of the policy retrained from scratch (every method)", "", retrained_md]
     lines += ["## Validation accuracy (search score; fixed baselines: one inner training)", "", val_md]

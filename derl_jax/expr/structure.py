@@ -9,14 +9,19 @@ The paper sorts generated Meta-Rewards into three types:
 3. *Invalid*: mathematically adversarial forms, e.g. `-(g1+0.5*g2)`, which assign negative
    coefficients to positive signals and penalise desirable behaviour.
 
-The exact rule used here (`structure(expr, num_primitives, outcome_index)`), applied in order:
+The exact rule used here (`structure(expr, num_primitives, outcome_index, aligned=...)`),
+applied in order:
 
 * **invalid** if `check(expr, num_primitives)` fails (ill-defined, constant, unknown
-  primitive); or if the reward never rises with the outcome primitive: with
-  D(x) = r(x with g_outcome = 1) - r(x with g_outcome = 0) over every probe context x (the
-  check probe points, each at u in {0, 0.5, 1}), max D <= `MONOTONE_TOL` (this includes
-  ignoring the outcome altogether). With `outcome_index=None` the second test becomes
-  "non-increasing in every primitive the expression uses" (max D_j <= tol for all j used).
+  primitive); or if the reward never rises with the outcome primitive nor with any of the
+  domain's outcome-aligned primitives (`aligned`, `Domain.aligned_indices`): with
+  D_j(x) = r(x with g_j = 1) - r(x with g_j = 0) over every probe context x (the check probe
+  points, each at u in {0, 0.5, 1}), max D_j <= `MONOTONE_TOL` for j = outcome and for every
+  aligned j (this includes ignoring them altogether). On symbols, `g2` (position, the dense
+  aligned share) rises with none of `g1` but with `g2` itself: valid, stable. A reward that
+  never rises and somewhere falls with the outcome (`g2 - g1`) stays invalid. With
+  `outcome_index=None` the second test becomes "non-increasing in every primitive the
+  expression uses" (max D_j <= tol for all j used).
 * **unstable** if the tree contains a *product* with at least two factors that depend on
   primitives and that product is not under a bounding normalisation. A product is a maximal
   chain of `*` (looking through unary minus and through division by a constant); a power
@@ -29,12 +34,13 @@ The exact rule used here (`structure(expr, num_primitives, outcome_index)`), app
 
 Examples (outcome g1): `0.5*g1+0.8*g2` stable; `g1/(g2+1)` stable; `g1 + u*g2` stable;
 `g1*g2/(g3+1)` stable; `g1*(g2+0.2)*g3` unstable; `g1**2 + g2` unstable; `-(g1+0.5*g2)`
-invalid; `g2 + g3` invalid (ignores the outcome); `g1/(g2-g2)` invalid (ill-defined).
+invalid; `g2 + g3` invalid (ignores the outcome); `g1/(g2-g2)` invalid (ill-defined). With g2
+aligned (`aligned=(1,)`): `g2` stable, `g2*g3` unstable, `g2 - g1` and `g3 + g4` invalid.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -118,8 +124,11 @@ def rise(expr: Expr, num_primitives: int, index: int, program: Program | None = 
 
 
 def structure(expr: Expr, num_primitives: int, outcome_index: Optional[int] = 0, *,
-              checked: tuple[Validity, Program | None] | None = None) -> str:
+              checked: tuple[Validity, Program | None] | None = None, aligned: Sequence[int] = ()) -> str:
     """"stable" | "unstable" | "invalid" by the rule in the module docstring.
+
+    aligned: primitives besides the outcome that are outcome-aligned (`Domain.aligned_indices`);
+    rising with any of them counts like rising with the outcome.
 
     checked: `check_compiled(expr, num_primitives, ...)` already computed for this `expr`
     (its Validity and Program), so the expression is neither compiled nor checked again.
@@ -130,9 +139,16 @@ def structure(expr: Expr, num_primitives: int, outcome_index: Optional[int] = 0,
     if not validity.ok:
         return INVALID
     if outcome_index is not None:
-        d = rise(expr, num_primitives, outcome_index, program)
-        if d.size == 0 or float(d.max()) <= MONOTONE_TOL:
+        targets = [outcome_index, *(int(j) for j in aligned if int(j) != outcome_index)]
+        bad = [j for j in targets if not 0 <= j < num_primitives]
+        if bad:
+            raise ValueError(f"structure: aligned primitives {bad} are not below {num_primitives}")
+        rises = {j: rise(expr, num_primitives, j, program) for j in targets}
+        if all(float(np.max(d, initial=-np.inf)) <= MONOTONE_TOL for d in rises.values()):
             return INVALID
+        outcome = rises[outcome_index]
+        if float(np.max(outcome, initial=-np.inf)) <= MONOTONE_TOL and float(np.min(outcome, initial=0.0)) < -MONOTONE_TOL:
+            return INVALID   # penalises the outcome (e.g. g2 - g1), whatever the aligned signals do
     else:
         used = sorted(primitive_indices(expr))
         if all(float(np.max(rise(expr, num_primitives, j, program), initial=-np.inf)) <= MONOTONE_TOL for j in used):
