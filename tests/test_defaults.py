@@ -27,7 +27,7 @@ def defaults_of(cls) -> dict:
 def test_the_meta_optimizer_defaults_are_the_meta_block():
     library = defaults_of(MetaConfig)
     assert set(common.META) <= set(library), "a meta field MetaConfig does not take"
-    grammar_checked = {"max_symbols", "max_depth", "max_decimals", "num_primitives"}  # None: taken from the grammar
+    grammar_checked = {"max_symbols", "max_depth", "max_decimals", "operators", "num_primitives"}  # None: taken from the grammar
     differing = {k: (library[k], common.META.get(k)) for k in library if k not in grammar_checked
                  and library[k] != common.META.get(k)}
     assert differing == {}

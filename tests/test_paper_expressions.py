@@ -7,7 +7,10 @@ Three kinds of rows:
 * complete expressions: they parse, pass the check (`derl_jax.expr.examine`) and the grammar
   automaton of every paper preset encodes them (`Grammar.encode`: every symbol allowed in turn);
 * expressions the table prints cut off with "...": the printed beginning is one the automaton
-  can write (`Grammar.encode_prefix`: every symbol allowed, room left to finish);
+  can write (`Grammar.encode_prefix`: every symbol allowed, room left to finish), except the
+  one row that writes a power of constants (`0.5**2*...+0.25**`, scored 0): the paper presets'
+  operator set ("paper": + - * / and parentheses, Eq. 3) has no `**`, so their automaton
+  refuses it at the `**`, and the same grammar with the "extended" set writes it;
 * expressions with one ")" too many (the table scores them 0, the score of an expression that
   does not execute): the parser and the automaton both refuse them.
 
@@ -79,7 +82,8 @@ UNBALANCED = [
     "g1+0.5*(g2+0.2*(g3+0.1*(g4+0.05))))",      # step 0, score 0
     "g1+0.5*(g2+0.5*(g3+0.5*(g4-1))))",         # step 2, score 0
 ]
-WRITABLE_CUT_OFF = [text for text, _ in CUT_OFF if not text.startswith(UNBALANCED[0])]
+WRITABLE_CUT_OFF = [text for text, _ in CUT_OFF if not text.startswith(UNBALANCED[0]) and "**" not in text]
+POWER_CUT_OFF = [text for text, _ in CUT_OFF if "**" in text]
 
 PAPER_PRESETS = [(module, preset) for module, presets in (
     (math_config, ("default", "mixture")), (gsm8k, ("default", "mixture")),
@@ -104,7 +108,7 @@ def test_every_paper_preset_has_the_paper_grammar():
         assert {k: cfg.meta[k] for k in common.PAPER_GRAMMAR} == common.PAPER_GRAMMAR, name
     assert len(set(grammars.values())) == 1
     only = next(iter(grammars.values()))
-    assert (only.max_length, only.max_depth, only.max_decimals) == (64, 12, 8)
+    assert (only.max_length, only.max_depth, only.max_decimals, only.operators) == (64, 12, 8, "paper")
 
 
 def test_the_transcription_is_the_whole_table():
@@ -115,7 +119,7 @@ def test_the_transcription_is_the_whole_table():
 
 @pytest.mark.parametrize("text", sorted({text for text, _ in COMPLETE}))
 def test_complete_expressions_parse_pass_the_check_and_are_written_by_the_automaton(text, grammar):
-    candidate = examine(text, NAMES)
+    candidate = examine(text, NAMES, operators="paper")
     assert candidate.valid, candidate.reason
     ids = grammar.encode(text)
     assert grammar.decode(ids) == text and ids[-1] == grammar.eos_id
@@ -126,6 +130,15 @@ def test_the_beginnings_of_cut_off_expressions_are_written_by_the_automaton(text
     ids = grammar.encode_prefix(text)
     assert grammar.decode(ids) == text and grammar.eos_id not in ids
     assert not examine(text, NAMES).valid   # cut off, they are not yet expressions
+
+
+def test_the_cut_off_row_with_a_power_is_outside_the_paper_operator_set(grammar):
+    assert len(POWER_CUT_OFF) == 1 and grammar.operators == "paper"
+    text = POWER_CUT_OFF[0]
+    with pytest.raises(ValueError, match=r"symbol '\*\*' at character 21 is not allowed .*paper operator set"):
+        grammar.encode_prefix(text)
+    extended = make_grammar(grammar.num_primitives, grammar.max_length, grammar.max_depth, grammar.max_decimals)
+    assert extended.decode(extended.encode_prefix(text)) == text
 
 
 @pytest.mark.parametrize("text", UNBALANCED + [CUT_OFF[0][0]])

@@ -123,9 +123,11 @@ def run_keys(seed: int) -> dict[str, jax.Array]:
 
 def meta_grammar(cfg: Any, num_primitives: int) -> Grammar:
     """The Meta-Optimizer's grammar: `config.meta.max_symbols` symbols, `config.meta.max_depth` nesting,
-    `config.meta.max_decimals` digits after a decimal point (3 when the block has no such field)."""
+    `config.meta.max_decimals` digits after a decimal point (3 when the block has no such field),
+    `config.meta.operators` operator set ("extended" when absent)."""
     decimals = int(config_value(cfg, "meta.max_decimals")) if has_field(cfg, "meta.max_decimals") else MAX_FRACTION_DIGITS
-    return make_grammar(num_primitives, int(cfg.meta.max_symbols), int(cfg.meta.max_depth), decimals)
+    operators = str(config_value(cfg, "meta.operators")) if has_field(cfg, "meta.operators") else "extended"
+    return make_grammar(num_primitives, int(cfg.meta.max_symbols), int(cfg.meta.max_depth), decimals, operators)
 
 
 # --------------------------------------------------------------------------- final mode

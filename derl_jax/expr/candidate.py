@@ -45,10 +45,13 @@ class Candidate:
         return self.validity.reason
 
 
-def examine(text: str, primitive_names: Sequence[str] | Mapping[str, int], outcome_index: int = 0) -> Candidate:
-    """`text` as a Candidate (module docstring); never raises for a bad text."""
+def examine(text: str, primitive_names: Sequence[str] | Mapping[str, int], outcome_index: int = 0,
+            operators: str = "extended") -> Candidate:
+    """`text` as a Candidate (module docstring); never raises for a bad text. `operators`: the
+    operator set the text may use (`derl_jax.expr.parse.OPERATOR_SETS`; outside it the text is
+    invalid with the parser's reason)."""
     try:
-        expr = parse(text, primitive_names)
+        expr = parse(text, primitive_names, operators)
     except ExpressionError as err:
         return Candidate(text, None, None, Validity(False, f"parse error at {err.position}: {err.reason}"), None, INVALID)
     num_primitives = num_primitives_of(primitive_names)

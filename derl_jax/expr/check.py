@@ -16,8 +16,10 @@ Probe set (deterministic): all corners of {0,1}^k (for k <= `MAX_CORNER_DIM`; be
 in [0,1]^k from seed `PROBE_SEED`; each point at every u in `PROGRESS_PROBES` (0, 0.5, 1).
 Evaluation uses `vm.evaluate_numpy`, i.e. exactly the VM's float32 semantics.
 
-`check_text(text, primitive_names)` parses first and reports a parse failure as an invalid
-Validity with reason "parse error at N: ...". Reasons are short strings kept as data (they
+`check_text(text, primitive_names, operators=...)` parses first (under the operator set
+`operators`, `derl_jax.expr.parse.OPERATOR_SETS`) and reports a parse failure as an invalid
+Validity with reason "parse error at N: ..." (a text outside the "paper" set: "parse error at
+N: u (training progress) is not in the paper operator set ..."). Reasons are short strings kept as data (they
 go to history.jsonl and the reports).
 """
 
@@ -134,10 +136,12 @@ def num_primitives_of(primitive_names: Sequence[str] | Mapping[str, int]) -> int
     return len(primitive_names)
 
 
-def check_text(text: str, primitive_names: Sequence[str] | Mapping[str, int], *, outcome_index: int = 0):
-    """Parse then check -> (Expr or None, Validity); a parse failure is "parse error at N: ..."."""
+def check_text(text: str, primitive_names: Sequence[str] | Mapping[str, int], *, outcome_index: int = 0,
+               operators: str = "extended"):
+    """Parse (under `operators`) then check -> (Expr or None, Validity); a parse failure is
+    "parse error at N: ..."."""
     try:
-        expr = parse(text, primitive_names)
+        expr = parse(text, primitive_names, operators)
     except ExpressionError as err:
         return None, Validity(False, f"parse error at {err.position}: {err.reason}")
     return expr, check(expr, num_primitives_of(primitive_names), outcome_index=outcome_index)

@@ -36,6 +36,11 @@ Syntax, by phase:
     call whose contents hold a power (`(g1**2)**3`), so powers never nest.
   * after `<eos>`: only `<pad>`; `advance` then keeps the state unchanged.
 
+Operator sets: a grammar made with `operators="paper"` (the DERL paper's language,
+`derl_jax.expr.parse.OPERATOR_SETS`) never allows `u`, `**` or a function symbol, so it writes
+only `+ - * /` compositions of primitives and numbers with parentheses and a leading unary
+minus. The vocabulary (and so every symbol id) is the same under both sets.
+
 Budget: `finish_cost(state)` is the fewest symbols that complete the expression from a state:
 one for a pending operand (two for the exponent `0.5` after `**0`), then per open context
 two per missing argument (`,` and an operand) and one `)`, then `<eos>`. Every such closing
@@ -63,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from derl_jax.expr.parse import MAX_NESTING, MAX_NODES, MAX_TEXT_LENGTH
+from derl_jax.expr.parse import MAX_NESTING, MAX_NODES, MAX_TEXT_LENGTH, check_operators, outside_paper
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 DIGIT_SYMBOLS = tuple("0123456789")
@@ -78,6 +83,8 @@ EXPONENT_DIGITS = (1, 2, 3)  # and the literal 0.5
 
 # Symbol kinds.
 K_PAD, K_BOS, K_EOS, K_PRIM, K_VAR, K_DIGIT, K_DOT, K_BINARY, K_MINUS, K_POW, K_OPEN, K_CALL, K_CLOSE, K_COMMA = range(14)
+# Kinds a grammar with operators="paper" never allows; what each is, for error messages.
+EXTENDED_ONLY_KINDS = {K_VAR: "u (training progress)", K_POW: "the power '**'", K_CALL: "a function"}
 
 # Phases.
 (
@@ -123,7 +130,8 @@ class Grammar:
     """The vocabulary and limits of constrained expression decoding (a pytree with no leaves).
 
     Build it with `make_grammar`. `max_length` counts symbols including `<eos>`;
-    `max_decimals` is the most digits after a number's decimal point.
+    `max_decimals` is the most digits after a number's decimal point; `operators` is the
+    operator set ("extended" or "paper", module docstring).
     """
 
     num_primitives: int = struct.field(pytree_node=False)
@@ -131,6 +139,7 @@ class Grammar:
     max_depth: int = struct.field(pytree_node=False)
     symbols: tuple[str, ...] = struct.field(pytree_node=False)
     max_decimals: int = struct.field(pytree_node=False, default=MAX_FRACTION_DIGITS)
+    operators: str = struct.field(pytree_node=False, default="extended")
 
     @property
     def pad_id(self) -> int:
@@ -216,7 +225,10 @@ class Grammar:
             where = f"at character {tokens[step][1]}" if step < len(tokens) else "at the end"
             symbol = self.symbols[int(ids[step])]
             reason = PHASE_DESCRIPTIONS[int(phases[step])]
-            if syntax_steps[step]:
+            excluded = self.operators == "paper" and int(_tables(self).kind[int(ids[step])]) in EXTENDED_ONLY_KINDS
+            if excluded:
+                reason = f"({outside_paper(EXTENDED_ONLY_KINDS[int(_tables(self).kind[int(ids[step])])])})"
+            elif syntax_steps[step]:
                 reason += f" (it would leave too little room to finish within max_length={self.max_length}, "
                 reason += f"{MAX_TEXT_LENGTH} characters or {MAX_NODES} nodes)"
             raise ValueError(f"cannot encode {text!r}: symbol {symbol!r} {where} is not allowed {reason}")
@@ -248,10 +260,11 @@ class Grammar:
 
 
 def make_grammar(num_primitives: int, max_length: int, max_depth: int = 8,
-                 max_decimals: int = MAX_FRACTION_DIGITS) -> Grammar:
+                 max_decimals: int = MAX_FRACTION_DIGITS, operators: str = "extended") -> Grammar:
     """A grammar over `g1..g{num_primitives}` for sequences of at most `max_length` symbols
-    (`<eos>` included) with at most `max_depth` nested parentheses/calls and at most
-    `max_decimals` digits after a decimal point."""
+    (`<eos>` included) with at most `max_depth` nested parentheses/calls, at most
+    `max_decimals` digits after a decimal point and the operator set `operators`."""
+    check_operators(operators, "make_grammar: operators")
     if not isinstance(num_primitives, int) or num_primitives < 1:
         raise ValueError(f"make_grammar: num_primitives must be a positive int, got {num_primitives!r}")
     if not isinstance(max_length, int) or max_length < 2:
@@ -260,7 +273,7 @@ def make_grammar(num_primitives: int, max_length: int, max_depth: int = 8,
         raise ValueError(f"make_grammar: max_depth must be an int in [1, {MAX_NESTING}], got {max_depth!r}")
     if isinstance(max_decimals, bool) or not isinstance(max_decimals, int) or not 1 <= max_decimals <= MAX_DECIMALS:
         raise ValueError(f"make_grammar: max_decimals must be an int in [1, {MAX_DECIMALS}], got {max_decimals!r}")
-    return Grammar(num_primitives, max_length, max_depth, vocabulary(num_primitives), max_decimals)
+    return Grammar(num_primitives, max_length, max_depth, vocabulary(num_primitives), max_decimals, operators)
 
 
 class _Tables(NamedTuple):
@@ -467,6 +480,8 @@ def _syntax_allowed(grammar: Grammar, state: GrammarState) -> jax.Array:
         K_CLOSE: complete & (top_commas == 0),
         K_COMMA: complete & (top_commas > 0),
     }
+    if grammar.operators == "paper":
+        by_kind.update({k: False for k in EXTENDED_ONLY_KINDS})
     result = jnp.zeros(kind.shape, bool)
     for k, rule in by_kind.items():
         result = result | ((kind == k) & rule)

@@ -29,6 +29,11 @@ an alias from `primitive_names`.
 Limits: at most `MAX_TEXT_LENGTH` (256) characters, parenthesis/call nesting at most
 `MAX_NESTING` (32), at most `MAX_NODES` (128) tree nodes. A unary plus makes no node.
 
+Operator sets (`operators`): "extended" is the whole language above; "paper" is the DERL
+paper's reward language (its Eq. 3 and Appendix A: weighted `+ - * /` compositions of the
+primitives with parentheses, numbers and unary minus), so `u`, `**` and the functions are
+rejected with a reason naming the operator set.
+
 Every rejection raises `ExpressionError(reason, position, text)` (a `ValueError`), whose
 message shows the reason and a caret under the offending character.
 
@@ -49,6 +54,8 @@ from derl_jax.expr.ast import FUNCTIONS, PROGRESS_VAR, Binary, Call, Expr, Num, 
 MAX_TEXT_LENGTH = 256
 MAX_NESTING = 32
 MAX_NODES = 128
+OPERATOR_SETS = ("extended", "paper")
+PAPER_LANGUAGE = "+ - * /, parentheses, numbers and the primitives"
 
 _WHITESPACE = " \t\n\r"
 _DIGITS = "0123456789"
@@ -177,8 +184,21 @@ def _canonical_index(name: str) -> int | None:
 # ----------------------------------------------------------------------------- parser
 
 
+def check_operators(operators: str, where: str = "operators") -> str:
+    """`operators` when it names an operator set (`OPERATOR_SETS`); ValueError naming `where` otherwise."""
+    if operators not in OPERATOR_SETS:
+        raise ValueError(f"{where} must be one of {OPERATOR_SETS}, got {operators!r}")
+    return operators
+
+
+def outside_paper(what: str) -> str:
+    """The reason a text using `what` is refused under the "paper" operator set."""
+    return f"{what} is not in the paper operator set (operators='paper' allows {PAPER_LANGUAGE})"
+
+
 class _Parser:
-    def __init__(self, text: str, table: dict[str, int], count: int | None):
+    def __init__(self, text: str, table: dict[str, int], count: int | None, operators: str = "extended"):
+        self.paper = operators == "paper"
         self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
@@ -257,6 +277,8 @@ class _Parser:
         base = self.atom()
         if self.is_op("**"):
             op = self.tok
+            if self.paper:
+                self.error(outside_paper("the power '**'"))
             self.i += 1
             exponent_pos = self.tok.pos
             exponent = self.signed()
@@ -273,8 +295,12 @@ class _Parser:
         if tok.kind == NAME:
             self.i += 1
             if tok.text in FUNCTIONS:
+                if self.paper:
+                    self.error(outside_paper(f"the function {tok.text}()"), tok.pos)
                 return self.call(tok)
             if tok.text == PROGRESS_VAR:
+                if self.paper:
+                    self.error(outside_paper("u (training progress)"), tok.pos)
                 return self.node(Var(PROGRESS_VAR), tok.pos)
             return self.node(self.primitive(tok), tok.pos)
         if self.is_op("("):
@@ -339,20 +365,22 @@ def _has_variable(expr: Expr) -> bool:
     return any(isinstance(n, (Prim, Var)) for n in walk(expr))
 
 
-def parse(text: str, primitive_names: PrimitiveNames = None) -> Expr:
+def parse(text: str, primitive_names: PrimitiveNames = None, operators: str = "extended") -> Expr:
     """Parse reward-expression `text` into an `Expr`.
 
     `primitive_names`: a sequence of names (index i is `g{i+1}` and `names[i]`), a mapping
     symbol -> 0-based index (e.g. `primitives.registry.symbol_table(...)`; then `g1`..`gk` with
     k = max index + 1 are always accepted), or None (any `g<n>`, n >= 1, no aliases; the
-    caller checks the count, e.g. with `check`). Raises `ExpressionError`.
+    caller checks the count, e.g. with `check`). `operators`: one of `OPERATOR_SETS` (module
+    docstring). Raises `ExpressionError`.
     """
+    check_operators(operators, "parse: operators")
     if not isinstance(text, str):
         raise ExpressionError(f"expression must be a string, got {type(text).__name__}", 0, str(text)[:MAX_TEXT_LENGTH])
     if len(text) > MAX_TEXT_LENGTH:
         raise ExpressionError(f"expression longer than {MAX_TEXT_LENGTH} characters", MAX_TEXT_LENGTH, text)
     table, count = _symbol_table(primitive_names)
-    return _Parser(text, table, count).parse()
+    return _Parser(text, table, count, operators).parse()
 
 
 # ----------------------------------------------------------------------------- printing

@@ -114,14 +114,16 @@ def evaluate_iteration(
     outcome_index: int = 0,
     share_duplicates: bool = False,
     evaluate_kwargs: Mapping[str, Any] | None = None,
+    operators: str = "extended",
 ) -> IterationOutcome:
     """Check, train and score the n `texts` of `iteration` (module docstring).
 
+    operators: the operator set a valid text keeps to (`derl_jax.expr.parse.OPERATOR_SETS`).
     key: the iteration's evaluation key; init_params: the policy every candidate starts from.
     evaluate_kwargs: extra keyword arguments of `evaluate_candidates` (e.g. `steps`).
     """
     n = len(texts)
-    candidates = [examine(text, primitive_names, outcome_index) for text in texts]
+    candidates = [examine(text, primitive_names, outcome_index, operators) for text in texts]
     trained, duplicate_of = training_plan(candidates, share_duplicates)
     scores = np.zeros(n, np.float32)
     reasons: list[str | None] = [c.reason or None for c in candidates]

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from derl_jax.config import ConfigError, config_value, has_field, int_at_least, register_check
+from derl_jax.config import ConfigError, choice, config_value, has_field, int_at_least, register_check
+from derl_jax.expr.parse import OPERATOR_SETS
 from derl_jax.outer.registry import get_strategy, is_known_strategy, strategy_names
 
 
 def check_outer_block(cfg: Any) -> None:
     """`config.outer`: a known strategy, iterations, candidates per iteration, the split seed,
-    population strategies' iterations and inner steps (0: derived, `derl_jax.outer.budget`)."""
+    population strategies' iterations and inner steps (0: derived, `derl_jax.outer.budget`);
+    and `config.meta.operators`, the operator set every searched candidate keeps to."""
     strategy = config_value(cfg, "outer.strategy")
     if not is_known_strategy(strategy):
         raise ConfigError(f"config.outer.strategy must be one of {strategy_names()}, got {strategy!r}")
@@ -26,6 +28,12 @@ def check_outer_block(cfg: Any) -> None:
     for field in ("population_iterations", "population_inner_steps"):
         if has_field(cfg, f"outer.{field}"):
             int_at_least(cfg, f"outer.{field}", 0)
+    operator_set(cfg)
+
+
+def operator_set(cfg: Any) -> str:
+    """`config.meta.operators` (one of `OPERATOR_SETS`; "extended" when the config has no such field)."""
+    return choice(cfg, "meta.operators", OPERATOR_SETS) if has_field(cfg, "meta.operators") else "extended"
 
 
 def methods_of(cfg: Any) -> tuple[str, ...]:

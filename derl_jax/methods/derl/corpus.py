@@ -13,6 +13,10 @@ here is generated from a handful of families that mirror the paper's Appendix A/
     powers             g1+0.5*g2**2        g1**0.5+0.1*g2
     single terms       g1                  0.5*g1                    g1+0.1
 
+Under the "paper" operator set (`derl_jax.expr.parse.OPERATOR_SETS`) only the families
+written with `+ - * /` and parentheses are drawn (`PAPER_FAMILIES`: weighted sums, nested,
+normalisations, products, single terms), so the corpus teaches no `u`, `**` or function.
+
 Primitives are drawn at random from g1..gk for every template, weights and offsets from
 short fixed lists. A candidate enters the corpus only if it parses, passes `check` (finite,
 bounded, not constant on the probe set) and, when a grammar is given, `Grammar.encode`
@@ -30,6 +34,7 @@ import numpy as np
 
 from derl_jax.expr.check import check_text
 from derl_jax.expr.grammar import Grammar
+from derl_jax.expr.parse import check_operators
 
 WEIGHTS = ("0.5", "0.1", "0.2", "0.25", "0.3", "0.05", "0.01", "2", "3", "1.5")
 OFFSETS = ("1", "0.5", "0.1", "0.2", "2")
@@ -125,9 +130,13 @@ FAMILIES: dict[str, tuple[Template, float]] = {
 }
 
 
-def _is_usable(text: str, num_primitives: int, grammar: Grammar | None) -> bool:
+# The families of the "paper" operator set (+ - * / and parentheses).
+PAPER_FAMILIES = ("weighted_sum", "nested", "normalisation", "product", "single")
+
+
+def _is_usable(text: str, num_primitives: int, grammar: Grammar | None, operators: str) -> bool:
     names = [f"g{i + 1}" for i in range(num_primitives)]
-    _, validity = check_text(text, names)
+    _, validity = check_text(text, names, operators=operators)
     if not validity.ok:
         return False
     if grammar is not None:
@@ -138,13 +147,20 @@ def _is_usable(text: str, num_primitives: int, grammar: Grammar | None) -> bool:
     return True
 
 
-def cold_start_corpus(num_primitives: int, size: int, seed: int, *, grammar: Grammar | None = None) -> list[str]:
+def cold_start_corpus(num_primitives: int, size: int, seed: int, *, grammar: Grammar | None = None,
+                      operators: str | None = None) -> list[str]:
     """`size` valid reward expressions over g1..g{num_primitives}, deterministic in `seed`.
 
     Every text parses, passes `check` and, with `grammar`, is encodable by it (so the cold
-    start never teaches a sequence the sampling mask forbids). Raises ValueError naming the
+    start never teaches a sequence the sampling mask forbids). `operators`: the operator set
+    (None: the grammar's, "extended" without a grammar). Raises ValueError naming the
     argument when the arguments are bad, or when no valid expression fits `grammar`.
     """
+    if operators is None:
+        operators = "extended" if grammar is None else grammar.operators
+    check_operators(operators, "cold_start_corpus: operators")
+    if grammar is not None and grammar.operators != operators:
+        raise ValueError(f"cold_start_corpus: operators={operators!r} but the grammar has {grammar.operators!r}")
     if not isinstance(num_primitives, (int, np.integer)) or num_primitives < 1:
         raise ValueError(f"cold_start_corpus: num_primitives must be a positive int, got {num_primitives!r}")
     if not isinstance(size, (int, np.integer)) or size < 1:
@@ -154,8 +170,9 @@ def cold_start_corpus(num_primitives: int, size: int, seed: int, *, grammar: Gra
             f"cold_start_corpus: the grammar has {grammar.num_primitives} primitives, num_primitives={num_primitives}"
         )
     rng = np.random.default_rng(int(seed))
-    templates = [template for template, _ in FAMILIES.values()]
-    weights = np.asarray([weight for _, weight in FAMILIES.values()])
+    families = [FAMILIES[name] for name in (PAPER_FAMILIES if operators == "paper" else FAMILIES)]
+    templates = [template for template, _ in families]
+    weights = np.asarray([weight for _, weight in families])
     weights = weights / weights.sum()
     found: dict[str, None] = {}
     verdicts: dict[str, bool] = {}
@@ -164,7 +181,7 @@ def cold_start_corpus(num_primitives: int, size: int, seed: int, *, grammar: Gra
             break
         text = templates[int(rng.choice(len(templates), p=weights))](rng, int(num_primitives))
         if text not in verdicts:
-            verdicts[text] = _is_usable(text, int(num_primitives), grammar)
+            verdicts[text] = _is_usable(text, int(num_primitives), grammar, operators)
         if verdicts[text]:
             found.setdefault(text)
     distinct = list(found)

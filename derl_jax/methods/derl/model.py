@@ -45,8 +45,21 @@ EXCLUDED_LOGIT = -1e30  # finite: excluded tokens get probability 0 with finite 
 # ----------------------------------------------------------------------------- prompts
 
 
-def meta_prompt(num_primitives: int, primitive_descriptions: Sequence[str] = (), task_description: str = "") -> list[dict]:
-    """Chat messages asking the LM for one reward expression over g1..g{num_primitives}."""
+# What the instruction says the expression may use, per operator set (derl_jax.expr.parse.OPERATOR_SETS).
+LANGUAGE_LINES = {
+    "extended": ("You may also use u, the fraction of training done (0 at the start, 1 at the end), "
+                 "numbers, + - * / and ** (exponent 1, 2, 3 or 0.5), parentheses, min(a,b), max(a,b), "
+                 "abs(a) and clip(x,lo,hi).\n"),
+    "paper": "Combine them with numbers, + - * / and parentheses only.\n",
+}
+
+
+def meta_prompt(num_primitives: int, primitive_descriptions: Sequence[str] = (), task_description: str = "",
+                operators: str = "extended") -> list[dict]:
+    """Chat messages asking the LM for one reward expression over g1..g{num_primitives} in the
+    operator set `operators` (its line of `LANGUAGE_LINES`)."""
+    if operators not in LANGUAGE_LINES:
+        raise ValueError(f"meta_prompt: operators must be one of {tuple(LANGUAGE_LINES)}, got {operators!r}")
     if primitive_descriptions and len(primitive_descriptions) != num_primitives:
         raise ValueError(
             f"meta_prompt: {len(primitive_descriptions)} primitive descriptions for {num_primitives} primitives"
@@ -59,9 +72,7 @@ def meta_prompt(num_primitives: int, primitive_descriptions: Sequence[str] = (),
     instruction = (
         f"{task}Design a reward function for reinforcement-learning training of a policy. "
         f"It combines these atomic reward signals, each a number per rollout:\n{signals}\n"
-        "You may also use u, the fraction of training done (0 at the start, 1 at the end), "
-        "numbers, + - * / and ** (exponent 1, 2, 3 or 0.5), parentheses, min(a,b), max(a,b), "
-        "abs(a) and clip(x,lo,hi).\n"
+        f"{LANGUAGE_LINES[operators]}"
         "Answer with the expression only, for example g1+0.5*g2."
     )
     return [
@@ -128,7 +139,7 @@ def hf_backbone(cfg: MetaConfig, grammar: Grammar) -> Backbone:
         )
     table = tokenizer_token_table(grammar, tokenizer.encode, tokenizer.eos_id, decode=tokenizer.decode)
     constraint = make_trie_constraint(grammar, table, model_config.vocab_size)
-    messages = meta_prompt(grammar.num_primitives, cfg.primitive_descriptions, cfg.task_description)
+    messages = meta_prompt(grammar.num_primitives, cfg.primitive_descriptions, cfg.task_description, grammar.operators)
     prompt = np.asarray(tokenizer.encode(tokenizer.apply_chat_template(messages)), np.int32)
     max_new_tokens = max_completion_tokens(grammar, constraint.trie)
     if prompt.size + max_new_tokens > model_config.max_position:

@@ -14,7 +14,7 @@ import numpy as np
 from derl_jax.config import ConfigError, choice, config_value, field_error, has_field, int_at_least, model_sizes, number
 from derl_jax.domains.registry import get_domain
 from derl_jax.expr.grammar import MAX_DECIMALS, Grammar
-from derl_jax.expr.parse import MAX_NESTING
+from derl_jax.expr.parse import MAX_NESTING, OPERATOR_SETS
 from derl_jax.rl.grpo import KL_KINDS, LOSS_AGGREGATIONS, GRPOConfig
 from primitives.registry import configured
 
@@ -59,6 +59,7 @@ class MetaConfig:
     max_symbols: int | None = None
     max_depth: int | None = None
     max_decimals: int | None = None
+    operators: str | None = None                # "extended" or "paper" (derl_jax.expr.parse.OPERATOR_SETS)
     num_primitives: int | None = None
 
     def __post_init__(self):
@@ -93,6 +94,8 @@ class MetaConfig:
             raise field_error(self, "kl_kind", f"must be one of {KL_KINDS}")
         if self.loss_agg not in LOSS_AGGREGATIONS:
             raise field_error(self, "loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
+        if self.operators is not None and self.operators not in OPERATOR_SETS:
+            raise field_error(self, "operators", f"must be one of {OPERATOR_SETS}")
 
     @classmethod
     def from_config(cls, cfg: Any) -> "MetaConfig":
@@ -110,7 +113,10 @@ class MetaConfig:
         return cls(**fields)
 
     def check_grammar(self, grammar: Grammar) -> None:
-        """ValueError when max_symbols / max_depth / max_decimals / num_primitives (if set) disagree with `grammar`."""
+        """ValueError when max_symbols / max_depth / max_decimals / operators / num_primitives (if set)
+        disagree with `grammar`."""
+        if self.operators is not None and self.operators != grammar.operators:
+            raise ValueError(f"MetaConfig.operators={self.operators!r} but the grammar has operators={grammar.operators!r}")
         for field, actual in (("max_symbols", grammar.max_length), ("max_depth", grammar.max_depth),
                               ("max_decimals", grammar.max_decimals), ("num_primitives", grammar.num_primitives)):
             value = getattr(self, field)

@@ -11,6 +11,11 @@ are non-negative `Num`s (a negative constant is `Unary("neg", Num(c))`), the exp
     child = mutate(tree, rng, num_primitives=4)
     mixed = crossover(tree, child, rng)
 
+Under the "paper" operator set (`operators="paper"`, `derl_jax.expr.parse.OPERATOR_SETS`) the
+random trees and every mutation stay inside `+ - * /`, unary minus, primitives and constants:
+no `u`, `**` or function is drawn, and the `wrap` mutation does not apply; crossover only
+recombines its parents' subtrees, so paper parents give paper children.
+
 Selection, generations and the population state are in `derl_jax.methods.evolution.population`.
 
 Nodes are addressed by paths: tuples of child indices from the root (`()` is the root;
@@ -35,6 +40,7 @@ CONSTANT_DIGITS = 2  # significant digits of random constants, to keep texts sho
 FACTOR_RANGE = (0.5, 2.0)  # a perturbed constant is multiplied by a log-uniform factor in here
 REPLACEMENT_DEPTH = 3  # depth of random subtrees put in by mutation
 MUTATIONS = ("perturb_constant", "swap_leaf", "change_operator", "replace_subtree", "wrap", "promote_child")
+PAPER_KINDS = ("+", "-", "*", "/", "neg")  # inner nodes of the "paper" operator set
 
 Path = tuple[int, ...]
 Accept = Callable[[Expr], bool]
@@ -190,15 +196,30 @@ def _check_num_primitives(num_primitives: int, where: str) -> None:
 # --------------------------------------------------------------------------- random trees
 
 
-def random_leaf(rng: np.random.Generator, num_primitives: int) -> Expr:
-    """A primitive (60%), a constant (25%) or the progress variable `u` (15%)."""
+def random_leaf(rng: np.random.Generator, num_primitives: int, operators: str = "extended") -> Expr:
+    """A primitive (60%), a constant (25%) or the progress variable `u` (15%); under
+    operators="paper" a primitive (70%) or a constant (30%)."""
     draw = rng.random()
+    if operators == "paper":
+        return Num(random_constant(rng)) if draw >= 0.7 else _random_primitive(rng, num_primitives)
     if draw < 0.6:
         index = int(rng.integers(num_primitives))
         return Prim(index, f"g{index + 1}")
     if draw < 0.85:
         return Num(random_constant(rng))
     return Var(PROGRESS_VAR)
+
+
+def _random_primitive(rng: np.random.Generator, num_primitives: int) -> Prim:
+    index = int(rng.integers(num_primitives))
+    return Prim(index, f"g{index + 1}")
+
+
+def uses_only(expr: Expr, operators: str) -> bool:
+    """Whether `expr` keeps to the operator set `operators` (always True for "extended")."""
+    if operators != "paper":
+        return True
+    return not any(isinstance(node, (Var, Call)) or (isinstance(node, Binary) and node.op == "**") for node in _walk(expr))
 
 
 # (kind, weight): kinds of inner node random_expr draws, by how often.
@@ -208,8 +229,10 @@ _INNER_ARITY = {"+": 2, "-": 2, "*": 2, "/": 2, "**": 2, "neg": 1, "min": 2, "ma
 _INNER_MIN_NODES = {**{kind: 1 + arity for kind, arity in _INNER_ARITY.items()}, "clip": 5}
 
 
-def random_expr(key_or_rng: Any, num_primitives: int, max_depth: int = 4, *, max_nodes: int = MAX_NODES) -> Expr:
-    """A random tree of at most `max_depth` levels and `max_nodes` nodes ("grow" method).
+def random_expr(key_or_rng: Any, num_primitives: int, max_depth: int = 4, *, max_nodes: int = MAX_NODES,
+                operators: str = "extended") -> Expr:
+    """A random tree of at most `max_depth` levels and `max_nodes` nodes ("grow" method) in the
+    operator set `operators` (module docstring).
 
     key_or_rng: a numpy Generator, an int seed or a JAX key (see `as_generator`).
     """
@@ -219,14 +242,16 @@ def random_expr(key_or_rng: Any, num_primitives: int, max_depth: int = 4, *, max
     if not 1 <= max_nodes <= MAX_NODES:
         raise ValueError(f"random_expr: max_nodes must be in 1..{MAX_NODES}, got {max_nodes!r}")
     rng = as_generator(key_or_rng)
-    return _grow(rng, num_primitives, max_depth, max_nodes, is_root=True)
+    return _grow(rng, num_primitives, max_depth, max_nodes, is_root=True, operators=operators)
 
 
-def _grow(rng: np.random.Generator, num_primitives: int, levels: int, budget: int, is_root: bool = False) -> Expr:
+def _grow(rng: np.random.Generator, num_primitives: int, levels: int, budget: int, is_root: bool = False,
+          operators: str = "extended") -> Expr:
     leaf_probability = 0.05 if is_root else 0.35
-    kinds = [(k, w) for k, w in _INNER_KINDS if _INNER_MIN_NODES[k] <= budget]
+    kinds = [(k, w) for k, w in _INNER_KINDS if _INNER_MIN_NODES[k] <= budget
+             and (operators != "paper" or k in PAPER_KINDS)]
     if levels <= 1 or not kinds or rng.random() < leaf_probability:
-        return random_leaf(rng, num_primitives)
+        return random_leaf(rng, num_primitives, operators)
     weights = np.array([w for _, w in kinds])
     kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))][0]
     remaining = budget - 1
@@ -241,7 +266,7 @@ def _grow(rng: np.random.Generator, num_primitives: int, levels: int, budget: in
     arity = _INNER_ARITY[kind]
     for i in range(arity):
         still_needed = arity - i - 1
-        child = _grow(rng, num_primitives, levels - 1, remaining - still_needed)
+        child = _grow(rng, num_primitives, levels - 1, remaining - still_needed, operators=operators)
         remaining -= node_count(child)
         args.append(child)
     if kind == "neg":
@@ -271,18 +296,21 @@ def mutate(
     max_depth: int = MAX_DEPTH,
     accept: Accept | None = None,
     attempts: int = 32,
+    operators: str = "extended",
 ) -> Expr:
     """One random point mutation of `expr` (a different tree within the limits).
 
     Draws one of `MUTATIONS` that applies and retries (up to `attempts`) when the result
     breaks a limit, equals `expr`, or fails `accept` (an extra predicate, e.g. a text length
-    check). If no attempt succeeds, `expr` is returned unchanged.
+    check). If no attempt succeeds, `expr` is returned unchanged. Under operators="paper"
+    `wrap` is never drawn and the others draw only paper nodes (module docstring).
     """
     rng = as_generator(rng)
     check_expr(expr, num_primitives, max_nodes=max_nodes, max_depth=max_depth, where="mutate")
+    names = tuple(m for m in MUTATIONS if operators != "paper" or m != "wrap")
     for _ in range(attempts):
-        name = MUTATIONS[int(rng.integers(len(MUTATIONS)))]
-        candidate = _MUTATION_FNS[name](expr, rng, num_primitives)
+        name = names[int(rng.integers(len(names)))]
+        candidate = _MUTATION_FNS[name](expr, rng, num_primitives, operators=operators)
         if candidate is None or candidate == expr:
             continue
         if within_limits(candidate, max_nodes, max_depth) and (accept is None or accept(candidate)):
@@ -294,7 +322,7 @@ def _pick(rng: np.random.Generator, items: Sequence[Any]) -> Any:
     return items[int(rng.integers(len(items)))]
 
 
-def perturb_constant(expr: Expr, rng: np.random.Generator, num_primitives: int) -> Expr | None:
+def perturb_constant(expr: Expr, rng: np.random.Generator, num_primitives: int, operators: str = "extended") -> Expr | None:
     """Multiply a constant by a log-uniform factor in `FACTOR_RANGE`; an exponent becomes another of `EXPONENTS`."""
     paths = [p for p in node_paths(expr) if isinstance(subtree_at(expr, p), Num)]
     if not paths:
@@ -311,20 +339,24 @@ def perturb_constant(expr: Expr, rng: np.random.Generator, num_primitives: int) 
     return replace_subtree_at(expr, path, Num(new_value))
 
 
-def swap_leaf(expr: Expr, rng: np.random.Generator, num_primitives: int) -> Expr | None:
-    """Turn a primitive or `u` into a different primitive or `u`."""
+def swap_leaf(expr: Expr, rng: np.random.Generator, num_primitives: int, operators: str = "extended") -> Expr | None:
+    """Turn a primitive or `u` into a different primitive or `u` (a primitive under "paper")."""
     paths = [p for p in node_paths(expr) if isinstance(subtree_at(expr, p), (Prim, Var))]
     if not paths:
         return None
     path = _pick(rng, paths)
     current = subtree_at(expr, path)
-    options: list[Expr] = [Prim(i, f"g{i + 1}") for i in range(num_primitives)] + [Var(PROGRESS_VAR)]
+    options: list[Expr] = [Prim(i, f"g{i + 1}") for i in range(num_primitives)]
+    options += [Var(PROGRESS_VAR)] if operators != "paper" else []
     options = [o for o in options if o != current]
+    if not options:
+        return None
     return replace_subtree_at(expr, path, _pick(rng, options))
 
 
-def change_operator(expr: Expr, rng: np.random.Generator, num_primitives: int) -> Expr | None:
-    """Change a binary operator, or `min` <-> `max`. `**` is only chosen over a constant right operand."""
+def change_operator(expr: Expr, rng: np.random.Generator, num_primitives: int, operators: str = "extended") -> Expr | None:
+    """Change a binary operator, or `min` <-> `max`. `**` is only chosen over a constant right
+    operand, and never under "paper"."""
     paths = []
     for p in editable_paths(expr):
         node = subtree_at(expr, p)
@@ -336,18 +368,19 @@ def change_operator(expr: Expr, rng: np.random.Generator, num_primitives: int) -
     node = subtree_at(expr, path)
     if isinstance(node, Call):
         return replace_subtree_at(expr, path, Call("max" if node.fn == "min" else "min", node.args))
-    options = [op for op in BINARY_OPS if op != node.op and (op != "**" or is_constant(node.right))]
+    options = [op for op in BINARY_OPS if op != node.op and (op != "**" or (is_constant(node.right) and operators != "paper"))]
     return replace_subtree_at(expr, path, Binary(_pick(rng, options), node.left, node.right))
 
 
-def replace_with_random_subtree(expr: Expr, rng: np.random.Generator, num_primitives: int) -> Expr | None:
+def replace_with_random_subtree(expr: Expr, rng: np.random.Generator, num_primitives: int,
+                                operators: str = "extended") -> Expr | None:
     """Replace a subtree outside exponents by a fresh random one of depth <= `REPLACEMENT_DEPTH`."""
     path = _pick(rng, editable_paths(expr))
-    new = random_expr(rng, num_primitives, max_depth=REPLACEMENT_DEPTH, max_nodes=16)
+    new = random_expr(rng, num_primitives, max_depth=REPLACEMENT_DEPTH, max_nodes=16, operators=operators)
     return replace_subtree_at(expr, path, new)
 
 
-def wrap_in_bound(expr: Expr, rng: np.random.Generator, num_primitives: int) -> Expr | None:
+def wrap_in_bound(expr: Expr, rng: np.random.Generator, num_primitives: int, operators: str = "extended") -> Expr | None:
     """Wrap a subtree in `min(., c)`, `max(., c)` or `clip(., low, high)`."""
     path = _pick(rng, editable_paths(expr))
     node = subtree_at(expr, path)
@@ -360,7 +393,7 @@ def wrap_in_bound(expr: Expr, rng: np.random.Generator, num_primitives: int) -> 
     return replace_subtree_at(expr, path, wrapped)
 
 
-def promote_child(expr: Expr, rng: np.random.Generator, num_primitives: int) -> Expr | None:
+def promote_child(expr: Expr, rng: np.random.Generator, num_primitives: int, operators: str = "extended") -> Expr | None:
     """Delete an inner node by putting one of its (non-exponent) children in its place."""
     paths = [p for p in editable_paths(expr) if children(subtree_at(expr, p))]
     if not paths:
@@ -371,7 +404,7 @@ def promote_child(expr: Expr, rng: np.random.Generator, num_primitives: int) -> 
     return replace_subtree_at(expr, path, _pick(rng, kids))
 
 
-_MUTATION_FNS: dict[str, Callable[[Expr, np.random.Generator, int], Expr | None]] = {
+_MUTATION_FNS: dict[str, Callable[..., Expr | None]] = {
     "perturb_constant": perturb_constant,
     "swap_leaf": swap_leaf,
     "change_operator": change_operator,

@@ -70,6 +70,7 @@ def next_generation(
     max_depth: int = MAX_DEPTH,    # depth limit of every tree, members and children
     accept: Accept | None = None,  # extra test a child must pass (None: any child within the limits)
     unique_attempts: int = 8,      # redraws of a child already in the generation
+    operators: str = "extended",   # the operator set mutations draw from (operators.py docstring)
 ) -> list[Expr]:
     """`n` trees: the `elite` best of `population` unchanged, then children of tournament winners.
 
@@ -102,7 +103,7 @@ def next_generation(
         for attempt in range(unique_attempts):
             parent = population[tournament_select(scores, rng, tournament)]
             if rng.random() < mutation_rate or len(population) == 1:
-                child = mutate(parent, rng, num_primitives, **limits)
+                child = mutate(parent, rng, num_primitives, operators=operators, **limits)
             else:
                 other = population[tournament_select(scores, rng, tournament)]
                 child = crossover(parent, other, rng, **limits)
@@ -175,18 +176,19 @@ class EvolutionState:
         max_nodes: int = MAX_NODES,
         max_depth: int = MAX_DEPTH,
         accept: Accept | None = None,
+        operators: str = "extended",
     ) -> list[Expr]:
-        """`n` new trees: random ones (depth <= `initial_depth`) while the population is empty,
-        otherwise `next_generation(..., elite=0)` of the members."""
+        """`n` new trees in the operator set `operators`: random ones (depth <= `initial_depth`)
+        while the population is empty, otherwise `next_generation(..., elite=0)` of the members."""
         rng = as_generator(rng)
         if not self.members:
             trees = []
             for _ in range(n):
-                tree = random_expr(rng, num_primitives, initial_depth, max_nodes=max_nodes)
+                tree = random_expr(rng, num_primitives, initial_depth, max_nodes=max_nodes, operators=operators)
                 for _ in range(32):
                     if accept is None or accept(tree):
                         break
-                    tree = random_expr(rng, num_primitives, initial_depth, max_nodes=max_nodes)
+                    tree = random_expr(rng, num_primitives, initial_depth, max_nodes=max_nodes, operators=operators)
                 trees.append(tree)
             return trees
         return next_generation(
@@ -201,6 +203,7 @@ class EvolutionState:
             max_nodes=max_nodes,
             max_depth=max_depth,
             accept=accept,
+            operators=operators,
         )
 
     def to_json(self) -> dict:

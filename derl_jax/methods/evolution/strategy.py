@@ -4,7 +4,8 @@
 The first generation is sampled from the cold-started Meta-Optimizer (`evolution.init =
 "cold_start"`, so it starts where derl and random start) or drawn as random trees
 (`"random_trees"`); later generations are mutations and crossovers of the best expressions
-evaluated so far, chosen by tournament.
+evaluated so far, chosen by tournament. Every tree keeps to `config.meta.operators`, the
+operator set the search loop checks candidates against.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import jax
 import numpy as np
 
 from derl_jax.config import ConfigError, choice, int_at_least, number
-from derl_jax.expr.parse import MAX_NESTING, MAX_TEXT_LENGTH, ExpressionError, parse, to_text
+from derl_jax.expr.parse import MAX_NESTING, MAX_TEXT_LENGTH, ExpressionError, check_operators, parse, to_text
 from derl_jax.methods.derl.optimizer import MetaOptimizer
 from derl_jax.methods.derl.settings import check_meta_block
 from derl_jax.methods.evolution import operators as evolution
 from derl_jax.methods.evolution.population import EvolutionState
 from derl_jax.outer import strategy as base
 from derl_jax.outer.strategy import CandidateRecord, Strategy, check_proposals, check_update
+from derl_jax.outer.checks import operator_set
 from derl_jax.outer.registry import register_strategy
 
 EVOLUTION_INITS = ("cold_start", "random_trees")
@@ -71,6 +73,7 @@ class EvolutionStrategy(Strategy):
         tournament: int = 3,
         mutation_rate: float = 0.5,
         initial_depth: int = 4,
+        operators: str = "extended",
     ):
         if initialisation not in EVOLUTION_INITS:
             raise ValueError(f"evolution strategy: init must be one of {EVOLUTION_INITS}, got {initialisation!r}")
@@ -81,6 +84,7 @@ class EvolutionStrategy(Strategy):
         self.initialisation = initialisation
         self.optimizer = optimizer
         self.capacity = int(capacity)
+        self.operators = check_operators(operators, "evolution strategy: operators")
         # how `EvolutionState.propose` breeds each generation
         self.breeding = {"tournament": int(tournament), "mutation_rate": float(mutation_rate),
                          "initial_depth": int(initial_depth)}
@@ -98,6 +102,7 @@ class EvolutionStrategy(Strategy):
             tournament=evo.tournament,
             mutation_rate=evo.mutation_rate,
             initial_depth=evo.initial_depth,
+            operators=operator_set(context.cfg),
         )
 
     @classmethod
@@ -126,6 +131,7 @@ class EvolutionStrategy(Strategy):
             n,
             num_primitives=len(self.primitive_names),
             accept=_fits_text_limit,
+            operators=self.operators,
             **self.breeding,
         )
         return [to_text(tree) for tree in trees], None
@@ -163,7 +169,7 @@ class EvolutionStrategy(Strategy):
 
     def _tree(self, text: str):
         try:
-            tree = parse(text, self.primitive_names)
+            tree = parse(text, self.primitive_names, self.operators)
         except ExpressionError:
             return None
         try:
