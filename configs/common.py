@@ -44,6 +44,9 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
                        on, one after another in <workdir>/<level> (() = `domain.level` only),
                        and workers: processes that share out the method x seed runs (0: one
                        per CPU core on a CPU host, 1 on accelerators; derl_jax/experiment/workers.py)
+                       and own_base_policy: every seed warm-starts its own base policy (seed s with
+                       config.seed = s) instead of sharing config.seed's (False; the symbols presets
+                       set it, their warm start costs about a CPU-minute)
   mesh.*               device mesh sizes for the axes (cand, data, model); -1 fills with every
                        device; data 0 (the default) is automatic: on a CPU host, one XLA host
                        device per core and a step's rollouts split over them (for policies of at
@@ -174,10 +177,10 @@ QWEN3_POLICIES = {"1_7b": ("/models/Qwen3-1.7B", QWEN3_1_7B_SHAPE), "4b": ("/mod
 OUTER = {"strategy": "derl", "iterations": 4, "num_candidates": 8, "split_seed": 0, "population_iterations": 0,
          "population_inner_steps": 0}
 EVOLUTION = {"init": "cold_start", "capacity": 8, "tournament": 2, "mutation_rate": 0.5, "initial_depth": 3}
-FINAL = {"steps": 24, "baseline_steps": 0}
+FINAL = {"steps": 24, "baseline_steps": 0, "repeats": 0, "reevaluate_top_k": 0}
 COMPARE = {"methods": ALL_METHODS, "seeds": (0, 1, 2), "per_iteration_test": False, "candidate_test": True,
            "keep_final_policies": False, "levels": (),
-           "workers": 0}
+           "workers": 0, "own_base_policy": False}
 MESH = {"cand": 1, "data": 0, "model": 1}
 TRUST = {"warmup": 0.2, "ramp_end": 0.4, "anneal_start": 0.8}
 ARBO = {
@@ -214,14 +217,14 @@ def toy_search(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The search blocks at toy sizes (the `smoke` / `tiny` presets): a 1-layer scratch Meta-Optimizer
     with the scratch model's training settings and grammar limits (16 symbols, 3 nested contexts,
     3 decimals), 2 outer iterations x 2 candidates, 2 inner and final steps (baselines too),
-    DERL-pop's schedule from the final budget, methods derl and outcome, seed 0."""
+    one final key, DERL-pop's schedule from the final budget, methods derl and outcome, seed 0."""
     cfg.meta.update({k: META[k] for k in META_HF})
     cfg.meta.update(backbone="scratch", hf_path="", **TOY_MODEL, max_symbols=16, max_depth=3,
                     max_decimals=META["max_decimals"], cold_start_corpus=32, cold_start_steps=10)
     cfg.inner.steps = 2
     cfg.outer.update(iterations=2, num_candidates=2, population_iterations=0, population_inner_steps=0)
     cfg.evolution.update(capacity=4)
-    cfg.final.update(steps=2, baseline_steps=0)
+    cfg.final.update(steps=2, baseline_steps=0, repeats=1)
     cfg.compare.update(methods=("derl", "outcome"), seeds=(0,))
     return cfg
 

@@ -96,6 +96,9 @@ class Domain:
       the supervised corpus of the warm-start base policy (`derl_jax.rl.sft`); holdout_rows
       are training rows to leave out, options the `config.policy` block.
     info: anything else worth recording (split sizes, levels, ...).
+    base_policy_band: {primitive name: (low, high)}, a known-answer domain's declared difficulty:
+      the mean of each named primitive over completions sampled from the warm-started base policy
+      must lie in [low, high], else the run is refused (`derl_jax.rl.base_band`); {} = no band.
     aligned_indices: primitives besides the outcome that are outcome-aligned by construction
       (symbols: `position`, the dense share of correctly reversed letters). The Fig. 4 structure
       rule (`derl_jax.expr.structure`) counts a reward that rises with any of them as valid.
@@ -121,6 +124,7 @@ class Domain:
     prompt_budget: int = 0
     corpus: Callable[[int, Sequence[int], Any], list[tuple[str, str]]] | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    base_policy_band: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     aligned_indices: tuple[int, ...] = ()
     classifier: Callable[[str], str | None] | None = None
 
@@ -142,6 +146,10 @@ class Domain:
         if self.prompt_budget and not (self.rollout == "env" and self.prompt_budget >= self._task_width):
             raise ValueError(f"domain {self.name!r}: prompt_budget {self.prompt_budget} needs rollout 'env' and "
                              f"room for the task prompt's {self._task_width} tokens")
+        unknown = sorted(set(self.base_policy_band) - set(self.primitive_names))
+        if unknown or any(not 0.0 <= lo <= hi <= 1.0 for lo, hi in self.base_policy_band.values()):
+            raise ValueError(f"domain {self.name!r}: base_policy_band must map its primitives to (low, high) with "
+                             f"0 <= low <= high <= 1, got {dict(self.base_policy_band)}")
         if not self.stop_ids:
             object.__setattr__(self, "stop_ids", (int(self.eos_id),))
 

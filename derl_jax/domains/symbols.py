@@ -32,6 +32,8 @@ Config fields (`config.domain`):
   min_len         shortest string (>= 2)
   max_len         longest string (>= min_len)
   max_new_tokens  generation budget T per completion (>= max_len + 1: the answer and EOS)
+  base_policy_band  {primitive: (low, high)}: the declared sampled means of the base policy
+                  (`Domain.base_policy_band`, checked by `derl_jax.rl.base_band`); absent: none
 Warm-start corpus options (`config.policy`, read by `supervised_corpus`):
   sft_mix            style -> weight (default `DEFAULT_SFT_MIX`)
   sft_reverse_rate   the mixed style's chance of the reversed letter (default 0.2)
@@ -50,6 +52,7 @@ import numpy as np
 
 from derl_jax.config import ConfigError, config_value, int_at_least, is_number
 from derl_jax.domains.base import Domain, TokenDataset
+from derl_jax.domains import symbols_classes
 from derl_jax.domains.registry import register_domain
 from derl_jax.models.tokenizers import CharTokenizer
 from primitives import registry
@@ -225,7 +228,15 @@ def make_symbols_domain(cfg: Any) -> Domain:
         info={"task": "reverse", "letters": spec.letters, "min_len": spec.min_len, "max_len": spec.max_len,
               "prompt_length": prompt_length(spec), "train_strings": np.asarray(train), "test_strings": np.asarray(test)},
     )
-    return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain, spec, seed))
+    domain = dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain, spec, seed),
+                                 base_policy_band=configured_band(cfg))
+    return symbols_classes.with_reward_class(domain, functools.partial(symbols_classes.reward_class, SYMBOLS_PRIMITIVES))
+
+
+def configured_band(cfg: Any) -> dict[str, tuple[float, float]]:
+    """The `base_policy_band` field of a domain config block ({} when absent): {primitive: (low, high)}."""
+    band = cfg.get("base_policy_band", None) if hasattr(cfg, "get") else getattr(cfg, "base_policy_band", None)
+    return {str(name): (float(low), float(high)) for name, (low, high) in dict(band or {}).items()}
 
 
 def supervised_corpus(domain: Domain, spec: StringSpec, data_seed: int, seed: int, holdout_rows: Sequence[int] = (),

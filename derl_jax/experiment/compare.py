@@ -8,13 +8,15 @@ runs shared out over worker processes (`derl_jax.experiment.workers`).
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import logging
 
+from derl_jax.config import config_value, has_field
 from derl_jax.experiment import build, levels as shared, protocol, report
 from derl_jax.experiment.checks import at_level
 from derl_jax.experiment.protocol import method_dir
@@ -30,6 +32,11 @@ def compare_run(cfg: Any, workdir: str, domain: Any, base_params: Any, evaluator
     workers = compare_workers(cfg)
     if workers > 1:
         run_compare_in_workers(cfg, workdir, domain, base_params, evaluator, workers, progress, optimizer_factory)
+    seed_base = own_base_policies(cfg, domain, evaluator, workdir, base_params)
+    if seed_base is not None:   # every run not yet done, each on its seed's base policy; the pass below reads them
+        protocol.base_policy_test(workdir, domain, evaluator, base_params)
+        compare_seedwise(cfg, domain, evaluator, workdir, seed_base, claim=lambda method, seed: True,
+                         optimizer_factory=optimizer_factory, progress=progress)
     payload = protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params,
                                optimizer_factory=optimizer_factory, progress=progress)
     with open(os.path.join(workdir, protocol.RESULTS_MD), encoding="utf-8") as handle:
@@ -92,8 +99,13 @@ def run_compare_in_workers(cfg: Any, workdir: str, domain: Any, base_params: Any
     for process in processes:
         process.start()
     try:
-        protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params, optimizer_factory=optimizer_factory,
-                         progress=progress, claim=claims.claim)
+        seed_base = own_base_policies(cfg, domain, evaluator, workdir, base_params)
+        if seed_base is not None:
+            compare_seedwise(cfg, domain, evaluator, workdir, seed_base, claim=claims.claim,
+                             optimizer_factory=optimizer_factory, progress=progress)
+        else:
+            protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params,
+                             optimizer_factory=optimizer_factory, progress=progress, claim=claims.claim)
     finally:
         for process in processes:
             process.join()
@@ -123,5 +135,46 @@ def compare_worker(cfg: Any, workdir: str, token: str) -> None:
     logging.set_verbosity(logging.WARNING)
     domain = build.build_domain(cfg)
     base_params, evaluator = build.build_inner(domain, cfg, workdir, run_cores("compare"))
+    seed_base = own_base_policies(cfg, domain, evaluator, workdir, base_params)
+    if seed_base is not None:
+        compare_seedwise(cfg, domain, evaluator, workdir, seed_base, claim=Claims(workdir, token).claim, progress=False)
+        return
     protocol.compare(cfg, domain, evaluator, workdir, base_params=base_params, progress=False,
                      claim=Claims(workdir, token).claim)
+
+
+def own_base_policies(cfg: Any, domain: Any, evaluator: Any, workdir: str, base_params: Any
+                      ) -> Callable[[int], Any] | None:
+    """`seed -> base params` when `config.compare.own_base_policy` is set (for a cheap warm start:
+    each seed warm-starts its own base policy with `config.seed = seed`, cached in
+    `<workdir>/base_policy/`, its banded property checked and recorded there), else None (every
+    seed shares `base_params`, the base policy of `config.seed`)."""
+    if not (has_field(cfg, "compare.own_base_policy") and bool(config_value(cfg, "compare.own_base_policy"))):
+        return None
+    from derl_jax.rl.setup import base_policy
+
+    built = {int(cfg.seed): base_params}
+
+    def base_of(seed: int) -> Any:
+        if int(seed) not in built:
+            seed_cfg = copy.deepcopy(cfg)
+            with seed_cfg.unlocked():
+                seed_cfg.seed = int(seed)
+            params = base_policy(domain, seed_cfg, workdir)[1]
+            built[int(seed)] = evaluator.place(params) if domain.rollout == "host" else params
+        return built[int(seed)]
+
+    return base_of
+
+
+def compare_seedwise(cfg: Any, domain: Any, evaluator: Any, workdir: str, seed_base: Callable[[int], Any], *,
+                     claim: Callable[[str, int], bool], optimizer_factory: OptimizerFactory | None = None,
+                     progress: bool = True) -> None:
+    """The compare's runs that `claim` grants, each on its seed's base policy `seed_base(seed)`
+    (built only when a run of that seed is claimed); no report."""
+    for method in cfg.compare.methods:
+        for seed in (int(s) for s in cfg.compare.seeds):
+            if claim(method, seed):
+                protocol.compare(cfg, domain, evaluator, workdir, base_params=seed_base(seed), methods=(method,),
+                                 seeds=(seed,), optimizer_factory=optimizer_factory, progress=progress,
+                                 claim=lambda m, s: True)

@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 from derl_jax.domains.base import Domain, TokenDataset, split_train
 from derl_jax.models.transformer import count_params
 from derl_jax.parallel import CAND_AXIS, is_primary_process
-from derl_jax.rl import sft
+from derl_jax.rl import base_band, sft
 from derl_jax.rl.config import check_rollout_kind, inner_config
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.host_loop import HostEvaluator
@@ -34,6 +34,7 @@ from derl_jax.rl.placement import auto_data_size, compiler_options_for, run_mesh
 
 BASE_POLICY_DIR = "base_policy"
 DOMAIN_INFO_FILE = "domain.json"
+BASE_PROPERTY_PREFIX = "property_seed_"   # <workdir>/base_policy/property_seed_<s>.json: the banded property
 
 
 def _policy_field(cfg: Any, name: str, default: Any) -> Any:
@@ -78,7 +79,37 @@ def base_policy(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> 
         import tempfile
 
         cache = tempfile.mkdtemp(prefix="derl_base_policy_")
-    return sft.base_policy(domain, cfg.policy, cache, seed=int(cfg.seed), holdout_rows=held_out)
+    graphdef, params = sft.base_policy(domain, cfg.policy, cache, seed=int(cfg.seed), holdout_rows=held_out)
+    if domain.base_policy_band:
+        check_base_policy(domain, graphdef, params, cfg, held_out, cache)
+    return graphdef, params
+
+
+def check_base_policy(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, cfg: Any, held_out: np.ndarray,
+                      cache: str) -> dict:
+    """Measure the base policy's banded property on the inner-training rows (`base_band.measure`),
+    record it in `<cache>/property_seed_<seed>.json` and raise `BasePolicyOutOfBand` outside the band."""
+    inner_rows = np.setdiff1d(np.arange(domain.train.size), held_out)
+    measured = base_band.measure(domain, graphdef, params, inner_config(cfg, domain.max_new_tokens),
+                                 domain.train.take(inner_rows))
+    band = {name: [float(low), float(high)] for name, (low, high) in domain.base_policy_band.items()}
+    record = {"seed": int(cfg.seed), "measured": measured, "band": band,
+              "inside": not base_band.band_violations(measured, domain.base_policy_band)}
+    if is_primary_process():
+        os.makedirs(cache, exist_ok=True)
+        with open(os.path.join(cache, f"{BASE_PROPERTY_PREFIX}{int(cfg.seed)}.json"), "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
+    base_band.check_band(measured, domain.base_policy_band, domain=domain.name, where=f"config.seed={int(cfg.seed)}")
+    return record
+
+
+def base_policy_property(workdir: str | os.PathLike, seed: int) -> dict | None:
+    """The recorded base-policy property of `seed` in `workdir` (`check_base_policy`), None when not measured."""
+    path = os.path.join(os.fspath(workdir), BASE_POLICY_DIR, f"{BASE_PROPERTY_PREFIX}{int(seed)}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def make_evaluator(domain: Domain, graphdef: nnx.GraphDef, cfg: Any, mesh: Mesh | None = None):
@@ -123,7 +154,9 @@ def build_inner(domain: Domain, cfg: Any, workdir: str | os.PathLike | None, *,
         info = {key: value for key, value in dict(domain.info).items() if _is_json(value)}
         with open(os.path.join(os.fspath(workdir), DOMAIN_INFO_FILE), "w", encoding="utf-8") as handle:
             json.dump({**info, "domain": domain.name, "rollout": domain.rollout,
-                       "primitives": list(domain.primitive_names), "mesh": dict(mesh.shape)}, handle, indent=2)
+                       "primitives": list(domain.primitive_names), "mesh": dict(mesh.shape),
+                       **({"base_policy_property": base_policy_property(workdir, int(cfg.seed))}
+                          if domain.base_policy_band else {})}, handle, indent=2)
     return params, evaluator
 
 

@@ -1,0 +1,75 @@
+"""DERL on the composed symbols tasks `symbols_compose(m, D)`: known answers whose top rewards are rare.
+
+The answer composes m aspects of the prompt string (reverse; then upper case; then a `!`
+terminator), each with one aligned dense primitive, next to D decoys
+(`derl_jax/domains/symbols_compose.py`, docs/domains/symbols.md). A reward is top-class when
+it uses every aligned primitive and no harmful decoy (`derl_jax/domains/symbols_classes.py`);
+the levels set (m, D) so that one random-search proposal is top-class with probability about
+0.1 (easy), 0.02 (medium) and at most 0.005 (hard), as measured by benchmarks/symbols_rarity.py
+(the table in docs/domains/symbols.md). One candidate costs what a symbols candidate costs (the
+same model, inner run and completion length plus one token).
+
+Presets (`--config=configs/symbols_compose.py:<preset>`): easy, medium (the default), hard, smoke.
+
+    python launch/run.py --config=configs/symbols_compose.py:medium --mode=final --expression="g2+g3" \\
+        --workdir=runs/compose_medium_top          # under a minute
+    python launch/run.py --config=configs/symbols_compose.py:hard --mode=compare --config.outer.iterations=20 \\
+        --config.compare.methods="('derl','random')" --workdir=runs/compose_hard
+
+Fields beyond configs/symbols.py's: domain.aspects (m), domain.decoys (D), domain.base_policy_band,
+policy.sft_upper_rate and policy.sft_end_rate (the warm start's per-position rates of the upper
+case and per-answer rate of `!`).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+from configs import symbols
+
+# (aspects m, decoys D) per level: chosen by the measured rarity of top-class proposals
+LEVELS = {"easy": (2, 1), "medium": (2, 4), "hard": (3, 4)}
+BANDS = {"easy": {}, "medium": {}, "hard": {}}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config of preset `arg`: "easy", "medium" (None or empty), "hard" or "smoke"."""
+    return common.preset({"default": medium, "easy": easy, "medium": medium, "hard": hard, "smoke": smoke}, arg,
+                         "configs/symbols_compose.py")
+
+
+def level(name: str) -> ml_collections.ConfigDict:
+    """The symbols default preset with the composed domain of level `name`."""
+    cfg = symbols.default()
+    aspects, decoys = LEVELS[name]
+    cfg.name = f"symbols_compose_{name}"
+    # symbols' strings; one more generated token than symbols for the `!` terminator
+    cfg.domain.update(kind="symbols_compose", aspects=aspects, decoys=decoys, max_new_tokens=9)
+    cfg.domain.base_policy_band = dict(BANDS[name])
+    # the symbols corpus's rates for every aspect (ours: below 1/2, so greedy decoding gets no aspect right)
+    cfg.policy.update(sft_upper_rate=0.2, sft_end_rate=0.2)
+    return cfg
+
+
+def easy() -> ml_collections.ConfigDict:
+    return level("easy")
+
+
+def medium() -> ml_collections.ConfigDict:
+    return level("medium")
+
+
+def hard() -> ml_collections.ConfigDict:
+    return level("hard")
+
+
+def smoke() -> ml_collections.ConfigDict:
+    """The medium level at toy sizes (tests)."""
+    cfg = common.toy_search(medium())
+    cfg.name = "symbols_compose_smoke"
+    cfg.domain.update(num_train=40, num_test=20)
+    cfg.domain.base_policy_band = {}   # the toy warm start has no declared difficulty
+    cfg.policy.update(**common.TOY_MODEL, sft_steps=20, sft_batch_size=16, sft_extra_strings=0)
+    cfg.inner.update(prompts_per_step=4, group_size=2)
+    return cfg
