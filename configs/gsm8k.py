@@ -17,6 +17,9 @@ differ. Presets (`--config=configs/gsm8k.py:<preset>`):
 
   mixture  trained on MATH + GSM8K, tested on GSM8K and MATH.
 
+  authors_batch  `default` at the batch of the authors' scripts (1,024 prompts per step, 64-prompt
+           minibatches, 2 epochs; configs/math.py), 8 H200 with mesh data=4 model=2.
+
   tiny     the pipeline on this CPU in a few minutes (trained on the tiny GSM8K file):
 
       python -m derl_jax.domains.math --write_tiny_data=/tmp/derl_math_tiny
@@ -31,5 +34,5 @@ from configs import math as math_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config of preset `arg`: "default" (None or empty), "mixture" or "tiny"."""
+    """The config of preset `arg`: "default" (None or empty), "mixture", "authors_batch" or "tiny"."""
     return math_config.build(arg, test_source="gsm8k")
