@@ -4,11 +4,14 @@
     python launch/run.py --config=configs/arith.py --mode=search --config.outer.strategy=derl_pop
     python launch/run.py --config=configs/arith.py --mode=final --expression="g1+0.5*g2"
     python launch/run.py --config=configs/household.py --mode=plan
+    python launch/run.py --config=configs/arith.py --mode=export --workdir=runs/arith   # kept final policies
     python launch/run.py --list                 # every registered domain, method and primitive
 
 Modes: search (the outer loop of config.outer.strategy), final (a fresh policy trained with
 --expression or the search's best, then tested), compare (every method x seed of
-config.compare, then the report), plan (memory, FLOPs and step time; nothing is built).
+config.compare, then the report), plan (memory, FLOPs and step time; nothing is built),
+export (the kept final_policy.npz files under --workdir, or --policy=FILE.npz, as Hugging Face
+directories beside them; docs/checkpoints.md).
 
 --workdir defaults to runs/<config.name>. Library log lines below WARNING are hidden unless
 --verbosity is given. Every config field can be overridden (`--config.outer.iterations=3`).
@@ -30,7 +33,7 @@ from typing import NoReturn, Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-MODES = ("search", "final", "compare", "plan")
+MODES = ("search", "final", "compare", "plan", "export")
 SCRIPT = "launch/run.py"
 EXIT_USER_ERROR = 2
 EXIT_STOPPED = 3
@@ -41,6 +44,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<c
 _MODE = flags.DEFINE_enum("mode", "search", list(MODES), "What to run.")
 _EXPRESSION = flags.DEFINE_string("expression", None, "final mode: the reward expression (default: the search "
                                   "result in --workdir).")
+_POLICY = flags.DEFINE_string("policy", None, "export mode: the .npz policy file to export (default: every "
+                              "final_policy.npz under --workdir).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars (only on a terminal).")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of a user error too.")
 _ACCELERATOR = flags.DEFINE_list("accelerator", ["h100", "h200"], "--mode=plan: accelerators to plan for (h100, "
@@ -135,7 +140,8 @@ def main(argv: list[str]) -> None:
         launch(_CONFIG.value, _MODE.value, workdir=_WORKDIR.value, expression=_EXPRESSION.value,
                progress=_PROGRESS.value and sys.stderr.isatty(), accelerators=_ACCELERATOR.value,
                plan_compile=_PLAN_COMPILE.value, plan_devices=_plan_devices(_PLAN_DEVICES.value),
-               compile_cache=_COMPILE_CACHE.value, command=" ".join(["python", SCRIPT, *sys.argv[1:]]))
+               compile_cache=_COMPILE_CACHE.value, command=" ".join(["python", SCRIPT, *sys.argv[1:]]),
+               policy=_POLICY.value)
     except InputError as err:
         user_error(str(err), debug=_DEBUG.value)
     except SearchStopped as err:

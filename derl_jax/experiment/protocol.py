@@ -50,7 +50,8 @@ test results are saved per iteration (`candidate_tests.json`).
 
 Kept trainings (`compare.keep_final_policies`, single-process runs): the final policy is
 written to `final_policy.npz` (with its expression and training curves in
-`final_policy.json`) and a fixed method's validation score to `fixed_validation.json`. A run
+`final_policy.json`, and as a Hugging Face directory `final_policy_hf/`:
+derl_jax/experiment/export.py) and a fixed method's validation score to `fixed_validation.json`. A run
 that finds them for its expression tests the kept policy instead of training it again, which
 is how a generalisation level with an earlier level's training split (derl_jax/experiment/levels.py)
 only runs its own tests.
@@ -80,6 +81,7 @@ from derl_jax.logging import RunLogger
 from derl_jax.outer import candidate_policies
 from derl_jax.outer.budget import final_steps, inner_step_totals, population_inner_steps, population_iterations
 from derl_jax.outer.candidates import select
+from derl_jax.experiment.export import FINAL_POLICY_FILE, FINAL_POLICY_HF_DIR, write_policy_hf
 from derl_jax.experiment.report import RESULTS_JSON, RESULTS_MD, write_report
 from derl_jax.logging import HISTORY_FILE, read_jsonl
 from derl_jax.experiment.results import HEADLINE_EVOLVED, HEADLINE_RETRAINED, MethodResult, best_so_far, per_iteration_summary
@@ -90,7 +92,6 @@ __all__ = ["ConfigError", "MethodResult", "RESULTS_JSON", "RESULTS_MD", "compare
 
 TRAIN_FRACTION = 0.8
 METHOD_RESULT_FILE = "method_result.json"
-FINAL_POLICY_FILE = "final_policy.npz"
 FINAL_POLICY_INFO = "final_policy.json"
 FIXED_VALIDATION_FILE = "fixed_validation.json"
 FINAL_RESULT_FILE = "final_result.json"
@@ -205,11 +206,21 @@ def train_final(
         if keep_dir is not None:
             stacked = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], params)
             candidate_policies.save_stack(os.path.join(keep_dir, FINAL_POLICY_FILE), stacked, [0])
+            _write_hf(keep_dir, domain, evaluator, params)
             # Curves may hold NaN (Python's json reads it back), so not atomic_write_json.
             atomic_write_text(os.path.join(keep_dir, FINAL_POLICY_INFO),
                               json.dumps({"expression": expression, "curves": host_curves}) + "\n")
     tests, items = test_accuracies(domain, evaluator, params)
     return FinalResult(expression, canonical(tree), headline_accuracy(tests), params, host_curves, tests, items)
+
+
+def _write_hf(directory: str, domain: TokenDomain, evaluator: CandidateEvaluator, params: Any) -> None:
+    """The final policy `params` as `<directory>/final_policy_hf/` (`export.write_policy_hf`, with the
+    domain's tokenizer) in a single-process run of a model evaluator (one with a `graphdef`)."""
+    graphdef = getattr(evaluator, "graphdef", None)
+    if graphdef is not None and jax.process_count() == 1:
+        write_policy_hf(os.path.join(directory, FINAL_POLICY_HF_DIR), params, graphdef=graphdef,
+                        tokenizer=domain.tokenizer)
 
 
 def _kept(keep_dir: str | None, name: str, expression: str) -> dict | None:
@@ -249,8 +260,10 @@ def run_final(
     *,
     base_params: Any,
 ) -> FinalResult:
-    """Final mode alone (the `--mode=final` entry point): train, test, write `final_result.json`."""
+    """Final mode alone (the `--mode=final` entry point): train, test, write `final_result.json` and
+    the policy as `final_policy_hf/` in `workdir`."""
     final = train_final(expression, domain, evaluator, run_keys(seed)["final"], base_params)
+    _write_hf(os.fspath(workdir), domain, evaluator, final.params)
     atomic_write_json(
         os.path.join(os.fspath(workdir), FINAL_RESULT_FILE),
         {"expression": final.expression, "canonical": final.canonical, "seed": int(seed), "test": final.test,

@@ -10,6 +10,8 @@ Modes:
   compare  every method of `config.compare.methods` x `config.compare.seeds`, then
            results.md / results.json / plots in the workdir (finished parts are skipped)
   plan     per-device memory, FLOPs and roofline step time of the configured run; nothing built
+  export   the kept final policies under the workdir (or --policy=FILE.npz) as Hugging Face
+           directories beside them (`derl_jax.experiment.export`); nothing trained
 
 Everything the user gives is checked before any model is built (`check_inputs`): the config
 (`derl_jax.experiment.checks.validate_config`: every block, each by the package that owns
@@ -40,7 +42,7 @@ from derl_jax.outer.search import SEARCH_RESULT_FILE, read_search_result
 from derl_jax.outer.strategy import OptimizerFactory
 from primitives import registry as primitive_registry
 
-MODES = ("search", "final", "compare", "plan")
+MODES = ("search", "final", "compare", "plan", "export")
 DEFAULT_ACCELERATORS = ("h100", "h200")
 
 
@@ -178,18 +180,41 @@ def plan_run(cfg: Any, accelerators: Sequence[str] = DEFAULT_ACCELERATORS, compi
     return result
 
 
+def export_policies(cfg: Any, workdir: str, policy: str | None = None) -> list[str]:
+    """--mode=export: the config's checks (a domain's missing data or engines only matter when a
+    scratch policy needs the domain's vocabulary), the policy's files, then
+    `export.export_run`; prints and returns the directories written."""
+    from derl_jax.experiment import export
+
+    note = plan_checks(cfg)
+    if note and not str(getattr(cfg.policy, "checkpoint", "") or "").strip():
+        raise InputError(note)
+    check_policy_files(cfg)
+    written = export.export_run(cfg, workdir, policy)
+    for path in written:
+        print(f"exported {path}")
+    return written
+
+
 def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, progress: bool = True,
         accelerators: Sequence[str] = DEFAULT_ACCELERATORS, plan_compile: bool = False,
-        plan_devices: Sequence[int] = (), optimizer_factory: OptimizerFactory | None = None) -> Any:
+        plan_devices: Sequence[int] = (), optimizer_factory: OptimizerFactory | None = None,
+        policy: str | None = None) -> Any:
     """Check the inputs, lock `workdir`, build the domain and the inner loop, run `mode`; returns its result.
 
     optimizer_factory: `(cfg, grammar, mesh) -> MetaOptimizer` replacing the methods' own
-    Meta-Optimizer in this process (tests and embedding code).
+    Meta-Optimizer in this process (tests and embedding code). policy: --mode=export's `.npz` file.
     """
     import jax  # noqa: F401  (before the checks: which process this is decides who writes and locks)
 
+    if policy is not None and mode != "export":
+        raise InputError(f"--policy applies to --mode=export only, not --mode={mode}")
     if mode == "plan":
         return plan_run(cfg, accelerators, plan_compile, plan_devices)
+    if mode == "export":
+        if expression is not None:
+            raise InputError("--expression applies to --mode=final only; --mode=export trains nothing")
+        return export_policies(cfg, workdir, policy)
     checked = check_inputs(cfg, workdir, mode, expression)
     levels = checked_levels(cfg) if mode == "compare" else ()
     lock = run_dir.exclusive(workdir) if primary_process() else contextlib.nullcontext()  # one lock per run
@@ -231,19 +256,20 @@ def write_run_config(cfg: Any, workdir: str) -> None:
 def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str | None = None,
            progress: bool = True, accelerators: Sequence[str] = DEFAULT_ACCELERATORS, plan_compile: bool = False,
            plan_devices: Sequence[int] = (), compile_cache: str | None = None,
-           environ: Mapping[str, str] | None = None, command: str = "") -> Any:
+           environ: Mapping[str, str] | None = None, command: str = "", policy: str | None = None) -> Any:
     """`run` in a fresh process, as the command line starts it: one XLA host device per core where
     the run can use them, several processes joined when the environment asks for it, the
     persistent compilation cache (`--compile_cache`, `runtime.compile_cache_dir`), then `run`;
     a finished run leaves `run_info.json` in its workdir (`command`, the commit, the date, the
-    machine, the versions and the wall time), which the results pages quote."""
+    machine, the versions and the wall time), which the results pages quote (not `export`,
+    which leaves the run directory as it was, but for the Hugging Face directories it adds)."""
     from derl_jax.parallel import maybe_initialize_distributed
 
     environ = os.environ if environ is None else environ
     make_host_devices(cfg, mode, environ)
     maybe_initialize_distributed()
     workdir = workdir or default_workdir(cfg)
-    if mode != "plan":
+    if mode not in ("plan", "export"):
         import jax
 
         note = memory_note(platform_devices(environ)[0].platform, environ)  # a missing platform stops here
@@ -252,7 +278,7 @@ def launch(cfg: Any, mode: str, *, workdir: str | None = None, expression: str |
         use_compile_cache(compile_cache_dir(compile_cache, workdir, environ, jax.process_count()))
     started, info = time.monotonic(), run_info(command, mode)
     result = run(cfg, workdir, mode, expression, progress=progress, accelerators=accelerators,
-                 plan_compile=plan_compile, plan_devices=plan_devices)
-    if mode != "plan" and primary_process():
+                 plan_compile=plan_compile, plan_devices=plan_devices, policy=policy)
+    if mode not in ("plan", "export") and primary_process():
         record_run(workdir, info, started)
     return result
