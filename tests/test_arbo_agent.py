@@ -133,11 +133,15 @@ SCRIPT = [
 
 
 def test_tool_loop_with_malformed_calls_against_replay_server():
-    ws = workspace()
+    """Malformed calls cost nothing; every submitted expression takes a slot, invalid and repeated
+    ones too (charged like any method's proposals), and the answer says what is wrong."""
+    ws = workspace(wanted=7)
     with Replay(SCRIPT) as server:
         outcome = run_agent(OpenAIBackend(server.url, model="m"), ws, "exploit", seed=3, max_turns=10)
-    assert [p.text for p in outcome.proposals] == ["g1+0.5*g3", "g1+0.25*g2", "g1*(1+g3)"]
-    assert [p.parent for p in outcome.proposals] == [None, 0, 0] and outcome.proposals[1].note == "damp g2"
+    assert [p.text for p in outcome.proposals] == ["g1+", "g9", "g2+g1", "g1+0.5*g3", "g1+0.25*g2", "0.25*g2+g1",
+                                                   "g1*(1+g3)"]
+    assert [p.parent for p in outcome.proposals] == [None, None, None, None, 0, None, 0]
+    assert outcome.proposals[4].note == "damp g2"
     assert outcome.stopped == "submitted" and outcome.turns == 7 and outcome.backend_errors == 0
     assert outcome.tool_errors == 12 and outcome.belief_written
     assert outcome.belief.diagnoses == ("g2 dominates", "reward rises") and outcome.belief.next_steps == ("add g3",)
@@ -155,11 +159,15 @@ def test_tool_loop_with_malformed_calls_against_replay_server():
                 "parse error", "unknown primitive 'g9'", "no candidate 7", "repeats candidate 0 (g1+g2)"]
     for got, want in zip(errors, expected, strict=True):
         assert got.startswith("error:") and want in got, (got, want)
+    charged = [got for got in errors if "charged all the same" in got]
+    assert [got.rsplit("(", 1)[1] for got in charged] == ["submitted 1 of 7)", "submitted 2 of 7)", "submitted 3 of 7)"]
+    assert "no candidate 7" in errors[9] and "charged" not in errors[9]   # a bad parent is no submission
     nudges = [m["content"] for m in requests[-1]["messages"] if m["role"] == "user"][1:]
-    assert nudges == ["No tool was called. Submitted 0 of 3; call submit_candidate (or another tool)."]
+    assert nudges == ["No tool was called. Submitted 3 of 7; call submit_candidate (or another tool)."]
     assert "score: 0.4000" in tool_replies[13]
-    assert outcome.messages[-1]["content"] == "submitted 3 of 3"
-    assert "repeats a candidate submitted" in outcome.messages[-2]["content"]
+    assert outcome.messages[-1]["content"] == "submitted 7 of 7"
+    assert "repeats a candidate submitted this round; it is charged all the same (submitted 6 of 7)" in \
+        outcome.messages[-2]["content"]
 
 
 def test_backend_failures_leave_the_slots_empty():
@@ -225,7 +233,8 @@ def test_arbo_searches_end_to_end_against_the_replay_server(tmp_path):
         strategy = make_strategy("arbo", cfg, None, NAMES, workdir=tmp_path)
         result = fake_search(strategy, str(tmp_path), iterations=3, n=2, names=NAMES)
     records = read_jsonl(tmp_path / "history.jsonl")
-    assert [r["text"] for r in records] == ["g1+0.5*g3", "g1*(1+g2)", "g1+0.25*g3", "2*g1+0.5*g3", "", ""]
+    # round 1 repeats candidate 0 first: charged like any method's repeat (trained again), the round ends sooner
+    assert [r["text"] for r in records] == ["g1+0.5*g3", "g1*(1+g2)", "g1+0.5*g3", "g1+0.25*g3", "", ""]
     assert [r["valid"] for r in records] == [True, True, True, True, False, False]
     assert {r["method"] for r in records} == {"arbo"} and result.best_text in {r["text"] for r in records}
     saved = json.loads((tmp_path / "arbo" / "history.json").read_text())
@@ -244,7 +253,8 @@ def test_arbo_searches_end_to_end_against_the_replay_server(tmp_path):
     assert transcript["stopped"] == "submitted" and "repeats candidate 0" in transcript["messages"][-3]["content"]
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert [m["strategy/agent_submitted"] for m in metrics] == [2, 2, 0]
-    assert [m["strategy/agent_tool_errors"] for m in metrics] == [1, 1, 0]
+    assert [m["strategy/agent_tool_errors"] for m in metrics] == [1, 2, 0]
+    assert [m["candidates_charged"] for m in metrics] == [2, 4, 6]
 
 
 def test_no_framework_agent_gets_no_schedule_and_keeps_no_belief():

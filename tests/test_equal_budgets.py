@@ -53,3 +53,33 @@ def test_derl_pop_runs_its_own_schedule(tmp_path, domain):
     assert [call["steps"] for call in evaluator.calls] == [3, 3, 3]  # 10 // 3 inner steps per candidate
     assert result.budget["inner_steps_per_candidate"] == 3 and result.budget["retrained_policy_inner_steps"] == 10
     assert result.budget["reported_policy_inner_steps"] <= 9
+
+
+def test_the_agent_pays_for_what_it_submits_as_eureka_does(tmp_path):
+    """The same three proposals (one unparseable, one repeating the other) cost ARBO's agent what
+    they cost Eureka: three charged candidates, two trainings, the invalid one scored 0; the agent
+    is told what is wrong, but the slot is spent."""
+    from arbo_fakes import ARITH, ARITH_NAMES, Replay, completion, fake_search
+    from derl_jax.logging import read_jsonl
+    from derl_jax.outer import make_strategy
+
+    texts = ["g1+(g2", "g1+0.5*g3", "0.5*g3+g1"]
+    agent = [completion(calls=[("submit_candidate", json.dumps({"expression": t})) for t in texts])]
+    eureka = [completion([f"```reward\n{t}\n```" for t in texts], n=3)]
+    runs = {}
+    for method, script in (("arbo", agent), ("eureka", eureka)):
+        with Replay(script) as server:
+            cfg = {**ARITH, "arbo": {"agent": {"url": server.url}}}
+            strategy = make_strategy(method, cfg, None, ARITH_NAMES, workdir=tmp_path / method)
+            result = fake_search(strategy, str(tmp_path / method), iterations=1, n=3, names=ARITH_NAMES)
+        records = read_jsonl(tmp_path / method / "history.jsonl")
+        runs[method] = ([(r["text"], r["valid"], r["score"], r["duplicate_of"]) for r in records], dict(result.budget))
+    assert runs["arbo"] == runs["eureka"]
+    rows, budget = runs["arbo"]
+    assert [row[:2] for row in rows] == [(texts[0], False), (texts[1], True), (texts[2], True)]
+    assert rows[0][2] == 0.0 and rows[2][3] == 1          # the repeat shares candidate 1's training
+    assert budget["candidates_charged"] == 3 and budget["candidates_trained"] == 1 and budget["candidates_shared"] == 1
+    transcript = json.loads((tmp_path / "arbo" / "arbo" / "transcripts" / "round_0.json").read_text())
+    answers = [m["content"] for m in transcript["messages"] if m["role"] == "tool"]
+    assert answers[0].startswith("error: expression 'g1+(g2' is not a valid reward") and "charged" in answers[0]
+    assert "repeats a candidate submitted this round; it is charged" in answers[2]

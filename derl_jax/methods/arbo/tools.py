@@ -24,10 +24,13 @@ candidates. With `view.belief` off, analysis.md and belief.md do not exist.
 
 Tools: `list_files`, `read_file(path, start, lines)`, `write_file(path, content)`,
 `submit_candidate(expression, parent, note)`. A call with an unknown name, arguments that are
-not a JSON object, a missing or mistyped argument, a file that does not exist or is read-only,
-or a candidate that does not parse, fails `check_text`, or repeats one already submitted or
-evaluated gets an answer starting with "error:" that the agent reads and can act on. The
-observations cannot be changed through any tool.
+not a JSON object, a missing or mistyped argument, or a file that does not exist or is
+read-only gets an answer starting with "error:" that the agent reads and can act on. Every
+submitted expression is a candidate of the round and is charged like any method's proposal
+(budgets are equal by construction): one that does not parse, fails `check_text`, or repeats
+one already submitted or evaluated takes its slot all the same (the search scores it 0, or
+shares or repeats the training as it does for every method), and the answer says so, starting
+with "error:". The observations cannot be changed through any tool.
 """
 
 from __future__ import annotations
@@ -265,21 +268,29 @@ class Workspace:
                 raise ToolError(f"parent: {err}") from None
         if not isinstance(note, str):
             raise ToolError(f"note must be a string, got {type(note).__name__}")
+        problem = self._screen(text)
+        self.submitted.append(hist.Proposal(text, parent, "agent", note[:MAX_NOTE]))
+        done = f"submitted {len(self.submitted)} of {self.wanted}"
+        if problem:
+            raise ToolError(f"{problem}; it is charged all the same ({done})")
+        return done
+
+    def _screen(self, text: str) -> str:
+        """What is wrong with submitting `text` ("" when nothing): invalid, or a repeat."""
         tree, validity = check_text(text, self.primitive_names, outcome_index=self.outcome_index)
         if tree is None or not validity.ok:
             detail = f" ({validity.detail})" if validity.detail else ""
-            raise ToolError(f"expression {text!r} is not a valid reward: {validity.reason}{detail}")
+            return f"expression {text!r} is not a valid reward: {validity.reason}{detail}"
         key = canonical(tree)
         if key in self._keys:
-            raise ToolError(f"expression {text!r} repeats a candidate submitted this round")
+            return f"expression {text!r} repeats a candidate submitted this round"
+        self._keys.append(key)
         shown = next((o for o in self.observations if o.canonical == key), None)
         if shown is not None:
-            raise ToolError(f"expression {text!r} repeats candidate {shown.id} ({shown.text}); submit another")
+            return f"expression {text!r} repeats candidate {shown.id} ({shown.text})"
         if any(o.canonical == key for o in self.history.observations):
-            raise ToolError(f"expression {text!r} repeats a candidate evaluated earlier; submit another")
-        self._keys.append(key)
-        self.submitted.append(hist.Proposal(text, parent, "agent", note[:MAX_NOTE]))
-        return f"submitted {len(self.submitted)} of {self.wanted}"
+            return f"expression {text!r} repeats a candidate evaluated earlier"
+        return ""
 
 
 class ToolError(ValueError):
