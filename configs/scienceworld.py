@@ -5,7 +5,8 @@ Presets (`--config=configs/scienceworld.py:<preset>`):
 
   default  the paper's settings (Section 3.2, Appendix B): Qwen2.5-1.5B-Instruct policy and
            Qwen2.5-0.5B-Instruct Meta-Optimizer from local directories (its training settings
-           and grammar: configs/common.py META_HF, PAPER_GRAMMAR), 8 rewards per outer
+           and sampling temperature 0.7 from the authors' scripts, and its grammar in the
+           paper's operator set: configs/common.py META_HF, PAPER_GRAMMAR), 8 rewards per outer
            iteration, 80 inner steps per candidate, 5 outer iterations; final policies of DERL
            100 steps and of the baselines 150 (`final.baseline_steps`); DERL-pop 3 iterations x
            33 inner steps (`outer.population_iterations`, its steps per candidate the final
