@@ -3,6 +3,7 @@ back by transformers with the same logits; the tokenizer and chat template besid
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -187,3 +188,25 @@ def test_a_trained_scratch_policy_is_kept_as_hugging_face_and_exported_again(tmp
     assert first.keys() == again.keys()
     for name in first:
         np.testing.assert_array_equal(first[name], again[name])
+
+
+def test_a_checkpoint_we_cannot_run_is_refused_before_anything_is_built(tmp_path, checkpoint_run):
+    from configs import arith
+
+    _, _, checkpoint, _, _ = checkpoint_run
+    bad = str(tmp_path / "yarn")
+    shutil.copytree(checkpoint, bad)
+    with open(os.path.join(bad, hf.CONFIG_FILE)) as f:
+        config = json.load(f)
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    with open(os.path.join(bad, hf.CONFIG_FILE), "w") as f:
+        json.dump(config, f)
+    no_weights = str(tmp_path / "no_weights")
+    shutil.copytree(checkpoint, no_weights, ignore=shutil.ignore_patterns("*.safetensors"))
+    cfg = arith.get_config("smoke")
+    for path, message in ((bad, "rope_type 'yarn' is not supported"), (no_weights, "has no weights")):
+        cfg.policy.checkpoint = path
+        workdir = tmp_path / f"run_{os.path.basename(path)}"
+        with pytest.raises(InputError, match=f"^config.policy.checkpoint='{path}': .*{message}") as error:
+            run(cfg, str(workdir), "final", expression="g1")
+        assert "\n" not in str(error.value) and not workdir.exists()

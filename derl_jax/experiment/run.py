@@ -60,12 +60,26 @@ class Plan:
 
 
 def check_policy_files(cfg: Any) -> None:
-    """The local directories the policy is loaded from (`policy.checkpoint`, `policy.tokenizer`) exist."""
+    """The local directories the policy is loaded from (`policy.checkpoint`, `policy.tokenizer`) exist,
+    and the checkpoint's config.json describes a model we run (Qwen2 / Qwen3, no RoPE scaling or
+    sliding window: `hf.config_from_hf`) with its weight files present; nothing is loaded."""
     for field in ("checkpoint", "tokenizer"):
         path = f"policy.{field}"
         value = str(config_value(cfg, path)).strip() if has_field(cfg, path) else ""
         if value and not os.path.isdir(os.path.expanduser(value)):
             raise ConfigError(f"config.{path}={value!r}: no such directory")
+    checkpoint = str(config_value(cfg, "policy.checkpoint")).strip() if has_field(cfg, "policy.checkpoint") else ""
+    if checkpoint:
+        from derl_jax.models import hf
+
+        where = f"config.policy.checkpoint={checkpoint!r}"
+        try:
+            directory = os.path.expanduser(checkpoint)
+            hf.config_from_hf(hf.read_hf_config(directory), where=where)
+            hf.weight_files(directory)
+        except (OSError, ValueError) as err:
+            message = str(err).strip().splitlines()[0]
+            raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
 
 
 def default_workdir(cfg: Any) -> str:
