@@ -23,6 +23,7 @@ CORE = [
     "scipy>=1.10",
 ]
 
+VIEWER = ["tensorboard>=2.14", "notebook>=7", "ipykernel>=6"]  # `tensorboard --logdir <workdir>`; the notebooks
 AGENTS = ["scienceworld>=1.2"]  # ScienceWorld ships its engine as a jar; it needs Java 11 or later
 ALFWORLD = ["alfworld==0.4.2"]  # TextWorld's PDDL engine; builds jericho and fast-downward from source (~4 min)
 
@@ -51,5 +52,6 @@ setup(
         "tpu": ["jax[tpu]"],
         "agents": AGENTS,
         "alfworld": ALFWORLD,
+        "viewer": VIEWER,
     },
 )
