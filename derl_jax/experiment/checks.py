@@ -24,6 +24,7 @@ from derl_jax.config import (
     register_check,
 )
 from derl_jax.domains import registry as domain_registry  # noqa: F401  (registers the `domain` check)
+from derl_jax.experiment import reevaluate
 from derl_jax.outer import checks as outer_checks  # noqa: F401  (registers `outer` and `methods`)
 from derl_jax.experiment.runtime import platform_devices
 from derl_jax.outer.registry import is_known_strategy, strategy_names
@@ -69,6 +70,7 @@ def check_final_block(cfg: Any) -> None:
         if 0 < baseline < steps:
             raise ConfigError(f"config.final.baseline_steps={baseline} is fewer than config.final.steps={steps}: "
                               "a search method's final policy may not train longer than a baseline's (0 = the same)")
+    reevaluate.final_repeats(cfg), reevaluate.top_k(cfg)   # ConfigError when negative
 
 
 def check_compare_block(cfg: Any) -> None:

@@ -82,6 +82,7 @@ from derl_jax.outer import candidate_policies
 from derl_jax.outer.budget import final_steps, inner_step_totals, population_inner_steps, population_iterations
 from derl_jax.outer.candidates import select
 from derl_jax.experiment.export import FINAL_POLICY_FILE, FINAL_POLICY_HF_DIR, write_policy_hf
+from derl_jax.experiment import reevaluate
 from derl_jax.experiment.report import RESULTS_JSON, RESULTS_MD, write_report
 from derl_jax.logging import HISTORY_FILE, read_jsonl
 from derl_jax.experiment.results import HEADLINE_EVOLVED, HEADLINE_RETRAINED, MethodResult, best_so_far, per_iteration_summary
@@ -375,6 +376,10 @@ def run_method(
                             steps=_final_steps_if_other(cfg, cls.searches))
         result_canonical, retrained, curves = final.canonical, final.test, final.curves
         retrained_tests, retrained_items = final.test_sets, final.test_items
+    final_tests, reevaluated = _repeats_and_reevaluation(cfg, cls, domain, evaluator, keys, base_params, expression,
+                                                         retrained, found.history if cls.searches else None)
+    if cls.searches and not cls.population and reevaluate.top_k(cfg):   # charged even when nothing was re-trained
+        budget = reevaluate.charge(budget, reevaluate.top_k(cfg))
     evolved_test = headline_accuracy(evolved_tests) if evolved_tests is not None else None
     if per_iteration is not None:
         per_iteration["test_of_best"] = (
@@ -400,9 +405,30 @@ def run_method(
         headline=HEADLINE_EVOLVED if evolved_test is not None else HEADLINE_RETRAINED,
         note=note,
         test_items=evolved_items if evolved_test is not None else retrained_items,
+        final_repeat_tests=final_tests,
+        reevaluated=reevaluated,
     )
     atomic_write_json(saved, result.to_json())
     return result
+
+
+def _repeats_and_reevaluation(cfg, cls, domain, evaluator, keys, base_params, expression, first_test, history):
+    """(the r-key final tests of `expression`, the re-evaluated protocol's choice or None):
+    `derl_jax.experiment.reevaluate`; (None, None) without an expression."""
+    if expression is None:
+        return None, None
+    steps = _final_steps_if_other(cfg, cls.searches)
+    train = lambda text, key: train_final(text, domain, evaluator, key, base_params, steps=steps).test  # noqa: E731
+    repeats = reevaluate.final_repeats(cfg)
+    tests = reevaluate.repeated_tests(train, expression, first_test, keys["final"], repeats)
+    if history is None or cls.population or not reevaluate.top_k(cfg):
+        return tests, None
+    programs_of = lambda texts: stack_programs(  # noqa: E731
+        [compile_checked(t, domain.primitive_names, domain.outcome_index)[1] for t in texts])
+    inner_train, validation = split_train(domain.train, int(cfg.outer.split_seed))
+    return tests, reevaluate.reevaluated_choice(history, reevaluate.top_k(cfg), train, programs_of, evaluator,
+                                                keys["search"], keys["final"], repeats, base_params, inner_train,
+                                                validation, (expression, tests))
 
 
 def _final_steps_if_other(cfg: Any, searches: bool) -> int | None:
@@ -501,10 +527,12 @@ def compare(
                 ))
     if claim is not None:
         return None
-    searched = {m: [best_so_far(read_jsonl(os.path.join(method_dir(workdir, m, s), HISTORY_FILE))) for s in seeds]
-                for m in methods if get_strategy(m).searches}
+    histories = {m: {s: read_jsonl(os.path.join(method_dir(workdir, m, s), HISTORY_FILE)) for s in seeds}
+                 for m in methods if get_strategy(m).searches}
+    searched = {m: [best_so_far(history[s]) for s in seeds] for m, history in histories.items()}
     return write_report(workdir, results, base_test=base_test, best_so_far=searched,
-                        aligned=getattr(domain, "aligned_indices", ()))
+                        aligned=getattr(domain, "aligned_indices", ()), histories=histories,
+                        classify=domain.reward_class if getattr(domain, "classifier", None) is not None else None)
 
 
 def base_policy_test(workdir: str, domain: TokenDomain, evaluator: CandidateEvaluator, base_params: Any) -> float:

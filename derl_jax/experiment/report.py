@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from derl_jax.checkpoint import atomic_write_json, atomic_write_text
-from derl_jax.experiment import claims, plots, stats
+from derl_jax.experiment import claims, endpoints, plots, stats
 from derl_jax.outer.candidates import STRUCTURE_CLASSES
 from derl_jax.experiment.results import HEADLINE_EVOLVED, MethodResult
 
@@ -62,14 +62,17 @@ def summary_percent(summary: Mapping[str, Any], payload: Mapping[str, Any]) -> d
 
 def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None,
                  best_so_far: Mapping[str, Sequence[Sequence[float]]] | None = None,
-                 aligned: Sequence[int] = ()) -> dict:
+                 aligned: Sequence[int] = (), histories: Mapping[str, Mapping[int, Sequence[Mapping]]] | None = None,
+                 classify: Callable[[str], str | None] | None = None) -> dict:
     """results.json, results.md and the plots in `workdir`; returns the results.json content.
     `base_test`: the base policy's test accuracy (before RL), reported beside the methods.
     `best_so_far`: per search method, per seed, the best validation score after each charged
     candidate (`results.best_so_far`): plotted against candidates evaluated (`best_so_far.png`).
     `aligned`: the domain's outcome-aligned primitives (`Domain.aligned_indices`), recorded as
     results.json's "structure_rule"; where there are some the Fig. 4 claim is not measurable
-    (`claims.claim_rows`)."""
+    (`claims.claim_rows`). `histories` ({method: {seed: history.jsonl records}}) and `classify`
+    (`Domain.reward_class`, None where the domain has no classes) feed the endpoints E1-E3
+    (`derl_jax.experiment.endpoints`)."""
     workdir = os.fspath(workdir)
     pct = lambda field: {m: [100.0 * _value(r, field) for r in rs] for m, rs in results.items()}  # noqa: E731
     test_md, test_summary = stats.results_table(pct("test"), column="test accuracy (%)", clip=(0.0, 100.0))
@@ -123,6 +126,8 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
         "validation": fraction(val_summary),
         "paired": [{"method": m, "baseline": b, **d} for m, b, d in paired],
         "claims": claim_rows,
+        "endpoints": endpoints.endpoint_rows(results, histories, classify),
+        "protocols": protocol_summary(results),
         "structure_rule": {"aligned_indices": [int(i) for i in aligned]},
         "derl_minus_random_per_iteration": derl_minus_random,
         "headline": {m: sorted({r.headline for r in rs}) for m, rs in results.items()},
@@ -197,6 +202,8 @@ def _seed_row(r: MethodResult) -> dict:
         "retrained_test_sets": r.retrained_test_sets,
         "note": r.note,
         "test_items": None if r.test_items is None else [_compact(v) for v in r.test_items],
+        "final_repeat_tests": None if r.final_repeat_tests is None else list(r.final_repeat_tests),
+        "reevaluated": r.reevaluated,
     }
 
 
@@ -254,6 +261,10 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
                   "Separated: the 95% Student-t interval over seeds excludes 0 in the claim's direction; reversed: "
                   "it excludes 0 the other way. The Holm verdict adjusts the p-values over this table's claims.", "",
                   claims.claims_table(payload["claims"])]
+    if payload.get("endpoints"):
+        lines += ["## Endpoints fixed before the runs (DERL − random search)", "",
+                  endpoints.endpoints_table(payload["endpoints"])]
+    lines += _protocol_lines(payload.get("protocols") or {})
     lines += [f"## Test accuracy (headline: {headline})", "", test_md]
     if payload.get("base_policy_test") is not None:
         lines += [f"Base policy (before RL): {100 * payload['base_policy_test']:.2f}% test accuracy.", ""]
@@ -297,6 +308,41 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     for name, path in figures.items():
         lines.append(f"- `{os.path.basename(path)}`" + (f": {_curve_text(payload)}" if name == "outer_curves" else ""))
     return "\n".join(lines) + "\n"
+
+
+def protocol_summary(results: Mapping[str, Sequence[MethodResult]]) -> dict:
+    """Per method, the paper's protocol and the re-evaluated one side by side, each a
+    `stats.summarize` over seeds in %: "paper" (the first key's retrained test), "repeated"
+    (the mean over `final.repeats` keys), "reevaluated" (the re-evaluated choice's r-key mean);
+    a column is left out where no seed has it."""
+    out: dict = {}
+    for method, runs in results.items():
+        columns = {"paper": [100.0 * _value(r, "retrained_test") for r in runs]}
+        if all(r.final_repeat_tests for r in runs) and any(len(r.final_repeat_tests) > 1 for r in runs):
+            columns["repeated"] = [100.0 * float(np.mean(r.final_repeat_tests)) for r in runs]
+            columns["keys"] = sorted({len(r.final_repeat_tests) for r in runs})
+        if runs and all(r.reevaluated for r in runs):
+            columns["reevaluated"] = [100.0 * float(r.reevaluated["test"]) for r in runs]
+        if len(columns) > 1:
+            out[method] = {k: v if k == "keys" else stats.summarize(v, clip=(0.0, 100.0)) for k, v in columns.items()}
+    return out
+
+
+def _protocol_lines(protocols: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The paper's protocol beside the repeated and re-evaluated ones (retrained policies, %)."""
+    if not protocols:
+        return []
+    lines = ["## The paper's protocol and the re-evaluated one (retrained policy's test, %)", "",
+             "Paper: the choice by one validation score, its final policy trained with one key. Repeated: the same "
+             "choice, final test averaged over `final.repeats` keys. Re-evaluated: the top candidates re-trained "
+             "before the choice (`final.reevaluate_top_k`, charged as candidates), final test over the same keys.", "",
+             "| method | paper | repeated (keys) | re-evaluated |", "|---|---|---|---|"]
+    for method, row in protocols.items():
+        cells = [stats.format_summary(row["paper"])]
+        cells.append(f"{stats.format_summary(row['repeated'])} ({'/'.join(map(str, row['keys']))})" if "repeated" in row else "-")
+        cells.append(stats.format_summary(row["reevaluated"]) if "reevaluated" in row else "-")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _iteration_difference_lines(difference: Mapping[str, Sequence[float]] | None) -> list[str]:

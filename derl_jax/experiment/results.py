@@ -37,6 +37,12 @@ class MethodResult:
         or None without `compare.per_iteration_test`) and "candidate_test_mean" (mean test
         accuracy of the iteration's n candidate policies, invalid ones 0, or None without
         `compare.candidate_test`).
+    final_repeat_tests: the chosen expression's final policy trained with each of `final.repeats`
+        independent keys and tested (`derl_jax.experiment.reevaluate`); the first is
+        `retrained_test`. None in results saved before repeats existed.
+    reevaluated: with `final.reevaluate_top_k`, the re-evaluated protocol's choice
+        (`reevaluate.reevaluated_choice`: candidates, their search and re-training scores, the
+        averaged scores, the chosen "expression", its r-key "tests" and their mean "test").
     """
 
     method: str
@@ -56,6 +62,8 @@ class MethodResult:
     test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     retrained_test_sets: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     test_items: Sequence[float] | None = None
+    final_repeat_tests: Sequence[float] | None = None
+    reevaluated: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
