@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from derl_jax.models.tokenizers import CharTokenizer
 from primitives.registry import register_primitive
-from primitives.spans import output_span
+from primitives.spans import gold, is_one_of, last_position, output_span, token_at, token_ids
 
-__all__ = ["ARITH_PRIMITIVES", "correct", "boxed", "steps", "gold_anywhere"]
+__all__ = ["ARITH_PRIMITIVES", "ARITH_ALPHABET", "EOS_ID", "DIGIT_IDS", "arith_tokenizer", "correct", "boxed", "steps",
+           "gold_anywhere"]
 
 # The arithmetic domain's characters (one token each) and its device primitives in g1..g4 order.
 ARITH_ALPHABET = "0123456789+-*=:;[]"
@@ -46,7 +46,7 @@ def arith_tokenizer() -> CharTokenizer:
 
 _TOKENIZER = arith_tokenizer()
 EOS_ID = _TOKENIZER.eos_id
-DIGIT_IDS = np.array([_TOKENIZER.id_of(d) for d in "0123456789"], np.int32)  # NumPy: no device work at import
+DIGIT_IDS = token_ids(_TOKENIZER, "0123456789")
 ONE_ID = _TOKENIZER.id_of("1")
 STEP_MARK_ID = _TOKENIZER.id_of(STEP_MARK)
 BOX_OPEN_ID = _TOKENIZER.id_of(BOX_OPEN)
@@ -54,30 +54,17 @@ BOX_CLOSE_ID = _TOKENIZER.id_of(BOX_CLOSE)
 
 
 def _is_digit(tokens: jax.Array) -> jax.Array:
-    return jnp.any(tokens[..., None] == DIGIT_IDS, axis=-1)
-
-
-def _last_position(flags: jax.Array) -> jax.Array:
-    """i32[N]: the last index where bool[N, T] flags is True, -1 when none is."""
-    positions = jnp.arange(flags.shape[-1])
-    return jnp.max(jnp.where(flags, positions, -1), axis=-1)
-
-
-def _token_at(tokens: jax.Array, index: jax.Array) -> jax.Array:
-    """tokens[n, index[n]] with the index clipped into range (callers check validity)."""
-    safe = jnp.clip(index, 0, tokens.shape[-1] - 1)
-    return jnp.take_along_axis(tokens, safe[:, None], axis=-1)[:, 0]
+    return is_one_of(tokens, DIGIT_IDS)
 
 
 @register_primitive("correct", kind="device", domain="arith", aliases=("outcome",))
 def correct(rollout, context):
     """1 when the final box `[...]` holds exactly the gold answer, else 0."""
     tokens, in_output, _, _ = output_span(rollout, EOS_ID)
-    answer = jnp.asarray(context["answer"], jnp.int32)
-    answer_len = jnp.asarray(context["answer_len"], jnp.int32)
+    answer, answer_len = gold(context)
     positions = jnp.arange(tokens.shape[-1])
-    close = _last_position(in_output & (tokens == BOX_CLOSE_ID))
-    open_ = _last_position(in_output & (tokens == BOX_OPEN_ID) & (positions < close[:, None]))
+    close = last_position(in_output & (tokens == BOX_CLOSE_ID))
+    open_ = last_position(in_output & (tokens == BOX_OPEN_ID) & (positions < close[:, None]))
     offsets = jnp.arange(answer.shape[-1])
     inside = jnp.take_along_axis(tokens, jnp.clip(open_[:, None] + 1 + offsets, 0, tokens.shape[-1] - 1), axis=-1)
     digits_match = jnp.all((offsets >= answer_len[:, None]) | (inside == answer), axis=-1)
@@ -92,9 +79,9 @@ def boxed(rollout, context):
     tokens, in_output, output_len, ended = output_span(rollout, EOS_ID)
     positions = jnp.arange(tokens.shape[-1])
     last = output_len - 1
-    ends_with_close = (output_len >= 1) & (_token_at(tokens, last) == BOX_CLOSE_ID)
-    non_digit = _last_position(in_output & ~_is_digit(tokens) & (positions < last[:, None]))
-    opened = (non_digit >= 0) & (_token_at(tokens, non_digit) == BOX_OPEN_ID)
+    ends_with_close = (output_len >= 1) & (token_at(tokens, last) == BOX_CLOSE_ID)
+    non_digit = last_position(in_output & ~_is_digit(tokens) & (positions < last[:, None]))
+    opened = (non_digit >= 0) & (token_at(tokens, non_digit) == BOX_OPEN_ID)
     has_digits = last - non_digit >= 2
     return (ended & ends_with_close & opened & has_digits).astype(jnp.float32)
 
@@ -116,8 +103,7 @@ def steps(rollout, context):
 def gold_anywhere(rollout, context):
     """1 when the gold answer appears as a whole number anywhere in the output, else 0."""
     tokens, in_output, _, _ = output_span(rollout, EOS_ID)
-    answer = jnp.asarray(context["answer"], jnp.int32)
-    answer_len = jnp.asarray(context["answer_len"], jnp.int32)
+    answer, answer_len = gold(context)
     length = tokens.shape[-1]
     starts = jnp.arange(length)
     offsets = jnp.arange(answer.shape[-1])

@@ -89,3 +89,51 @@ def test_the_script_runs_final_mode_with_aliases(tmp_path):
     final = json.load(open(tmp_path / "final_result.json"))
     assert final["expression"] == "correct+boxed" and 0.0 <= final["test"] <= 1.0
     assert json.load(open(tmp_path / "config.json"))["final"]["steps"] == 2
+
+
+@pytest.fixture
+def token_example():
+    """docs/extending.md's token-level primitive, registered from the page's own text."""
+    from test_docs import docs_example
+
+    code = docs_example("primitives/my_token_prims.py")
+    namespace = {"__name__": "primitives.my_token_prims"}
+    exec(compile(code, "primitives/my_token_prims.py", "exec"), namespace)
+    yield namespace["answer_after_equals"]
+    registry.PRIMITIVES.remove(("arith", "answer_after_equals"))
+
+
+def _reference(output: str, answer: str) -> float:
+    """The example's definition on the decoded output string."""
+    at = output.rfind("=")
+    return float(at >= 0 and at + 1 < len(output) and output[at + 1] == answer[0])
+
+
+def test_the_token_level_example_of_the_docs(token_example):
+    import jax.numpy as jnp
+    import numpy as np
+
+    from primitives.arith import EOS_ID, arith_tokenizer
+    from primitives.spans import CONTEXT_KEYS
+
+    tokenizer = arith_tokenizer()
+    # (generated text, with "$" for EOS, answer): the output stops at the first EOS
+    cases = [("1+2=3[3]$", "3"), ("1+2=4[4]$", "3"), ("[12]$", "12"), ("7=1;2=12$", "12"), ("5=", "5"),
+             ("3=5$=3", "3"), ("=", "1")]
+    width = 10
+    tokens = np.zeros((len(cases), width), np.int32)
+    mask = np.zeros((len(cases), width), bool)
+    answer = np.zeros((len(cases), 3), np.int32)
+    for i, (text, gold_text) in enumerate(cases):
+        ids = [EOS_ID if c == "$" else tokenizer.id_of(c) for c in text]
+        tokens[i, :len(ids)], mask[i, :len(ids)] = ids, True
+        answer[i, :len(gold_text)] = [tokenizer.id_of(c) for c in gold_text]
+    context = {"answer": jnp.asarray(answer), "answer_len": jnp.asarray([len(g) for _, g in cases], jnp.int32)}
+    assert set(context) == set(CONTEXT_KEYS["arith"])
+    got = token_example({"tokens": jnp.asarray(tokens), "mask": jnp.asarray(mask)}, context)
+    expected = [_reference(text.split("$")[0], gold_text) for text, gold_text in cases]
+    assert expected == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]   # "3=5$=3": what follows EOS is no output
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    names = ("correct", "boxed", "steps", "gold_anywhere", "answer_after_equals")
+    assert check_expression("outcome + 0.5*after_eq", names, domain="arith") == "correct + 0.5*answer_after_equals"
+    assert registry.missing_hint("arith", names[:4], "after_eq").endswith("=\"('answer_after_equals',)\"")
