@@ -255,9 +255,10 @@ class Attention(nnx.Module):
 
         Every position's keys and values are computed (and cached); only positions
         [queries_from, T) query. q, k and v come from one `project_side_by_side` call, and q and
-        k are normed per head (Qwen3) and rotated together. The products "qkv" [B, T, (H + 2K) * Dh], "attn" [B, T, H * Dh]
-        (with "probs", the attention's probabilities) and "o" [B, T, D] are replayed from `saved`
-        and recorded into `record`.
+        k are normed per head (Qwen3) and rotated together. The products "qkv" [B, T, (H + 2K) *
+        Dh] (before the q/k norm, which is recomputed), "attn" [B, T, H * Dh] (with "probs", the
+        attention's probabilities) and "o" [B, T, D] are replayed from `saved` and recorded into
+        `record`.
         """
         batch, length, _ = x.shape
         h, kv = self.num_heads, self.num_kv_heads
