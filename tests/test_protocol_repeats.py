@@ -4,6 +4,7 @@ choice, charged like candidates), on the fake inner loop of test_search."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -119,3 +120,38 @@ def test_choose_by_hand():
     assert text == "a"
     with pytest.raises(ValueError, match="2 candidates and 1 re-scores"):
         reevaluate.choose([("a", 0.9), ("b", 0.7)], [0.5])
+
+
+def test_a_compare_reports_both_protocols_and_the_endpoints_and_a_kept_run_keeps_the_histories(tmp_path, domain):
+    from derl_jax.experiment import pages
+    from derl_jax.experiment.protocol import compare
+
+    cfg = fake_config(iterations=2, num_candidates=3)
+    cfg.compare.methods = ("derl", "random")
+    cfg.compare.seeds = (0, 1)
+    cfg.final.repeats = 2
+    cfg.final.reevaluate_top_k = 2
+    classified = dataclasses.replace(domain, classifier=lambda text: "top" if "g1" in text else "other")
+    payload = compare(cfg, classified, KeyedEvaluator(), tmp_path / "run", base_params=BASE_PARAMS,
+                      optimizer_factory=FakeMetaOptimizer, progress=False, echo=lambda line: None)
+    saved = json.load(open(tmp_path / "run" / "results.json"))
+    for method in ("derl", "random"):
+        rows = saved["per_seed"][method]
+        protocols = saved["protocols"][method]
+        assert protocols["keys"] == [2]
+        assert protocols["paper"]["mean"] == pytest.approx(np.mean([r["retrained_test"] for r in rows]))
+        assert protocols["repeated"]["mean"] == pytest.approx(np.mean([np.mean(r["final_repeat_tests"]) for r in rows]))
+        assert protocols["reevaluated"]["mean"] == pytest.approx(np.mean([r["reevaluated"]["test"] for r in rows]))
+    assert [row["endpoint"][:2] for row in payload["endpoints"]] == ["E1", "E2", "E3"]
+    assert payload["endpoints"][0]["verdict"] != "not measurable" and payload["endpoints"][2]["seeds"] == 2
+    markdown = open(tmp_path / "run" / "results.md").read()
+    assert "## Endpoints fixed before the runs" in markdown and "| derl | " in markdown.split("re-evaluated |")[1]
+
+    kept = pages.collect(str(tmp_path / "run"), str(tmp_path / "kept"), "fake")
+    histories = pages.kept_histories(kept)
+    assert sorted(histories) == ["derl", "random"] and sorted(histories["derl"]) == [0, 1]
+    original = [json.loads(line) for line in open(tmp_path / "run" / "derl" / "seed_1" / "history.jsonl")]
+    assert [{k: v for k, v in r.items() if k != "curves"} for r in original] == histories["derl"][1]
+    assert all("curves" not in r for r in histories["random"][0])
+    page = "\n".join(pages.render_compare(kept, "runs/fake"))
+    assert "Endpoints fixed before the runs" in page and "The paper's protocol and the re-evaluated one" in page

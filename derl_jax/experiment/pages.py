@@ -6,7 +6,8 @@
 A kept run is a folder `docs/results/runs/<name>/` holding the run's `results.json`,
 `run_info.json` (the command, commit, date, machine and wall time, written by
 `derl_jax.experiment.run.launch`), `results_levels.json` when the compare ran several levels,
-and its plots. A kept set of learning curves (launch/learning_curve.py, one subfolder per
+its plots, and each search's history without its per-step curves
+(`histories/<method>/seed_<s>.jsonl`, `keep_histories`; runs kept before this have none). A kept set of learning curves (launch/learning_curve.py, one subfolder per
 curve with its `curve.json` and `run_info.json`) renders as one table, the paired differences
 of each curve against the first (`curve.compare_curves`) and one figure of all of them; the
 order is `curves.json`'s, written by `collect` (`first`: the curve to put first).
@@ -32,15 +33,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from derl_jax.checkpoint import atomic_write_text
-from derl_jax.experiment import claims, curve, plots, stats
+from derl_jax.experiment import claims, curve, endpoints, plots, stats
 from derl_jax.experiment.curve import CURVE_JSON
-from derl_jax.experiment.report import RESULTS_JSON, summary_percent
+from derl_jax.experiment.report import RESULTS_JSON, protocol_lines, summary_percent
 from derl_jax.experiment.runtime import RUN_INFO_FILE
+from derl_jax.logging import HISTORY_FILE, read_jsonl
 
 RUNS_DIR = "runs"
 LEVELS_JSON = "results_levels.json"
 CURVE_SET_JSON = "curves.json"
 CURVE_SET_PLOT = "curves.png"
+HISTORIES_DIR = "histories"
 BLOCK = re.compile(r"(<!-- generated: ([\w.-]+) -->\n).*?(<!-- end generated -->)", re.S)
 
 
@@ -66,7 +69,35 @@ def collect(run_dir: str, runs_root: str, name: str, first: str | None = None) -
         for pattern in (RESULTS_JSON, RUN_INFO_FILE, LEVELS_JSON, "*.png"):
             for path in glob.glob(os.path.join(source, pattern)):
                 shutil.copy2(path, os.path.join(target, os.path.basename(path)))
+        keep_histories(source, target)
     return dest
+
+
+def keep_histories(run_dir: str, dest: str) -> list[str]:
+    """Each search's `<method>/seed_<s>/history.jsonl` of a compare in `run_dir`, as
+    `<dest>/histories/<method>/seed_<s>.jsonl` without the per-step curves (every other field:
+    iteration, index, text, canonical, valid, score, structure, the curves' last values), so
+    analyses of the proposals (structure shares, reward classes, endpoint E3) can be rerun on a
+    kept run. Returns the files written."""
+    written = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "*", "seed_*", HISTORY_FILE))):
+        seed_dir = os.path.dirname(path)
+        method = os.path.basename(os.path.dirname(seed_dir))
+        target = os.path.join(dest, HISTORIES_DIR, method, os.path.basename(seed_dir) + ".jsonl")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        records = [{k: v for k, v in record.items() if k != "curves"} for record in read_jsonl(path)]
+        atomic_write_text(target, "".join(json.dumps(record) + "\n" for record in records))
+        written.append(target)
+    return written
+
+
+def kept_histories(folder: str) -> dict[str, dict[int, list[dict]]]:
+    """{method: {seed: records}} of the histories `keep_histories` kept in `folder` ({} when none)."""
+    found: dict[str, dict[int, list[dict]]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, HISTORIES_DIR, "*", "seed_*.jsonl"))):
+        method, name = os.path.basename(os.path.dirname(path)), os.path.basename(path)
+        found.setdefault(method, {})[int(name[len("seed_"):-len(".jsonl")])] = read_jsonl(path)
+    return found
 
 
 def _collect_curves(run_dir: str, dest: str, curves: list[str], first: str | None) -> str:
@@ -116,6 +147,10 @@ def render_compare(folder: str, link_prefix: str, title: str | None = None) -> l
     if claim_rows:
         lines += ["The paper's claims on this compare (verdict: the 95% Student-t interval over seeds; Holm: "
                   "p-values adjusted over the claims):", "", claims.claims_table(claim_rows)]
+    if payload.get("endpoints"):
+        lines += ["Endpoints fixed before the runs (DERL − random search):", "",
+                  endpoints.endpoints_table(payload["endpoints"])]
+    lines += protocol_lines(payload)
     rows = [f"| {m} | {s['n']} | {stats.format_summary(summary_percent(s, payload))} |"
             for m, s in payload["test"].items()]
     lines += ["Headline test accuracy (%), mean ± std [95% t-interval] over seeds:", "",

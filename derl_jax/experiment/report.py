@@ -127,7 +127,8 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
         "paired": [{"method": m, "baseline": b, **d} for m, b, d in paired],
         "claims": claim_rows,
         "endpoints": endpoints.endpoint_rows(results, histories, classify),
-        "protocols": protocol_summary(results),
+        "protocols": {m: {k: v if k == "keys" else as_fraction(v) for k, v in row.items()}
+                      for m, row in protocol_summary(results).items()},
         "structure_rule": {"aligned_indices": [int(i) for i in aligned]},
         "derl_minus_random_per_iteration": derl_minus_random,
         "headline": {m: sorted({r.headline for r in rs}) for m, rs in results.items()},
@@ -264,7 +265,7 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
     if payload.get("endpoints"):
         lines += ["## Endpoints fixed before the runs (DERL − random search)", "",
                   endpoints.endpoints_table(payload["endpoints"])]
-    lines += _protocol_lines(payload.get("protocols") or {})
+    lines += protocol_lines(payload)
     lines += [f"## Test accuracy (headline: {headline})", "", test_md]
     if payload.get("base_policy_test") is not None:
         lines += [f"Base policy (before RL): {100 * payload['base_policy_test']:.2f}% test accuracy.", ""]
@@ -312,9 +313,10 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
 
 def protocol_summary(results: Mapping[str, Sequence[MethodResult]]) -> dict:
     """Per method, the paper's protocol and the re-evaluated one side by side, each a
-    `stats.summarize` over seeds in %: "paper" (the first key's retrained test), "repeated"
-    (the mean over `final.repeats` keys), "reevaluated" (the re-evaluated choice's r-key mean);
-    a column is left out where no seed has it."""
+    `stats.summarize` over seeds in % (results.json keeps them as fractions): "paper" (the first
+    key's retrained test), "repeated" (the mean over `final.repeats` keys, with "keys"),
+    "reevaluated" (the re-evaluated choice's r-key mean); a column is left out where no seed has
+    it, a method with the paper column alone is left out."""
     out: dict = {}
     for method, runs in results.items():
         columns = {"paper": [100.0 * _value(r, "retrained_test") for r in runs]}
@@ -328,19 +330,22 @@ def protocol_summary(results: Mapping[str, Sequence[MethodResult]]) -> dict:
     return out
 
 
-def _protocol_lines(protocols: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The paper's protocol beside the repeated and re-evaluated ones (retrained policies, %)."""
+def protocol_lines(payload: Mapping[str, Any]) -> list[str]:
+    """The paper's protocol beside the repeated and re-evaluated ones (retrained policies, %), from
+    a results.json's "protocols"."""
+    protocols = payload.get("protocols") or {}
     if not protocols:
         return []
+    pct = lambda summary: stats.format_summary(summary_percent(summary, payload))  # noqa: E731
     lines = ["## The paper's protocol and the re-evaluated one (retrained policy's test, %)", "",
              "Paper: the choice by one validation score, its final policy trained with one key. Repeated: the same "
              "choice, final test averaged over `final.repeats` keys. Re-evaluated: the top candidates re-trained "
              "before the choice (`final.reevaluate_top_k`, charged as candidates), final test over the same keys.", "",
              "| method | paper | repeated (keys) | re-evaluated |", "|---|---|---|---|"]
     for method, row in protocols.items():
-        cells = [stats.format_summary(row["paper"])]
-        cells.append(f"{stats.format_summary(row['repeated'])} ({'/'.join(map(str, row['keys']))})" if "repeated" in row else "-")
-        cells.append(stats.format_summary(row["reevaluated"]) if "reevaluated" in row else "-")
+        cells = [pct(row["paper"])]
+        cells.append(f"{pct(row['repeated'])} ({'/'.join(map(str, row['keys']))})" if "repeated" in row else "-")
+        cells.append(pct(row["reevaluated"]) if "reevaluated" in row else "-")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines + [""]
 
