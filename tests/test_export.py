@@ -75,6 +75,8 @@ def test_written_policy_loads_in_transformers_with_its_tokenizer_and_chat_templa
     messages = [{"role": "user", "content": "go north"}]
     assert loaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
         qwen_tokenizer.apply_chat_template(messages))
+    generation = transformers.GenerationConfig.from_pretrained(path)
+    assert generation.eos_token_id == list(qwen_tokenizer.stop_ids) and generation.pad_token_id == qwen_tokenizer.pad_id
     assert not [name for name in os.listdir(tmp_path) if name != export.FINAL_POLICY_HF_DIR]  # no staging left
 
 

@@ -3,8 +3,8 @@
 Every final policy a run keeps is also written as `final_policy_hf/` beside its
 `final_policy.npz` (and `--mode=final` writes one in its workdir): `config.json` and
 `model.safetensors` that `transformers.AutoModelForCausalLM.from_pretrained` loads
-(`Qwen2ForCausalLM` or `Qwen3ForCausalLM`), plus the run's tokenizer files and chat template
-when its tokenizer is a Hugging Face one. A word- or character-level scratch policy's tokenizer
+(`Qwen2ForCausalLM` or `Qwen3ForCausalLM`), plus the run's tokenizer files, chat template and
+stop / padding ids (`generation_config.json`) when its tokenizer is a Hugging Face one. A word- or character-level scratch policy's tokenizer
 is derl_jax's own (`derl_jax.models.tokenizers`, a domain's word table), so its directory holds
 the weights and config alone. Each directory is written atomically (`hf.save_hf_directory`).
 
@@ -66,7 +66,20 @@ def write_policy_hf(path: str, params: nnx.State, *, graphdef: nnx.GraphDef | No
     config = config if config is not None else config_of(graphdef, params)
     host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
     transformers_tokenizer, template = hf_tokenizer_of(tokenizer)
-    return hf.save_hf_directory(path, config, host, tokenizer=transformers_tokenizer, chat_template=template)
+    return hf.save_hf_directory(path, config, host, tokenizer=transformers_tokenizer, chat_template=template,
+                                generation=_generation_ids(tokenizer) if transformers_tokenizer is not None else None)
+
+
+def _generation_ids(tokenizer: Any) -> dict | None:
+    """{"eos_token_id": the ids the run stopped on, "pad_token_id": its padding id} of the first
+    `HFTokenizer` (an object with `stop_ids`) inside `tokenizer`, else None."""
+    for _ in range(4):
+        if tokenizer is None:
+            return None
+        if hasattr(tokenizer, "stop_ids") and hasattr(tokenizer, "pad_id"):
+            return {"eos_token_id": [int(i) for i in tokenizer.stop_ids], "pad_token_id": int(tokenizer.pad_id)}
+        tokenizer = getattr(tokenizer, "tokenizer", None)
+    return None
 
 
 def _policy_field(cfg: Any, name: str) -> str:

@@ -323,11 +323,12 @@ def save_hf_checkpoint(path: str, config: ModelConfig, params: nnx.State, *, dty
 
 
 def save_hf_directory(path: str, config: ModelConfig, params: nnx.State, *, tokenizer: Any = None,
-                      chat_template: str | None = None, dtype: str | None = None,
-                      max_shard_bytes: int | None = None) -> str:
+                      chat_template: str | None = None, generation: Mapping[str, Any] | None = None,
+                      dtype: str | None = None, max_shard_bytes: int | None = None) -> str:
     """Write a whole Hugging Face model directory at `path` atomically: `save_hf_checkpoint`'s
-    files, plus the tokenizer's files (`tokenizer.save_pretrained`, a transformers tokenizer)
-    and `chat_template` when given and not already the tokenizer's own.
+    files, plus the tokenizer's files (`tokenizer.save_pretrained`, a transformers tokenizer),
+    `chat_template` when given and not already the tokenizer's own, and `generation` (e.g.
+    {"eos_token_id": [...], "pad_token_id": ...}) as `generation_config.json`.
 
     Everything is written into a temporary directory beside `path`, which then takes its place
     by rename (a directory already at `path` is moved aside first and deleted after), so a
@@ -344,6 +345,9 @@ def save_hf_directory(path: str, config: ModelConfig, params: nnx.State, *, toke
             tokenizer.save_pretrained(staging)
             if chat_template and chat_template != getattr(tokenizer, "chat_template", None):
                 _write_chat_template(staging, chat_template)
+        if generation:
+            with open(os.path.join(staging, GENERATION_CONFIG_FILE), "w") as f:
+                json.dump(dict(generation), f, indent=2)
         _sync_tree(staging)
         _replace_directory(staging, path)
     except BaseException:
@@ -353,6 +357,7 @@ def save_hf_directory(path: str, config: ModelConfig, params: nnx.State, *, toke
 
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 
