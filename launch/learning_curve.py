@@ -29,6 +29,8 @@ def main(argv: list[str]) -> None:
     from derl_jax.config import InputError
     from derl_jax.experiment.checks import validate_config
     from derl_jax.experiment.curve import learning_curve
+    from derl_jax.experiment.build import primitive_names
+    from derl_jax.experiment.run import check_expression
     from derl_jax.experiment.runtime import record_run, run_info
 
     if len(argv) > 1 or _CONFIG.value is None or not _WORKDIR.value:
@@ -36,9 +38,12 @@ def main(argv: list[str]) -> None:
     try:
         steps, seeds = [int(v) for v in _STEPS.value], [int(v) for v in _SEEDS.value]
         validate_config(_CONFIG.value)
+        expression = check_expression(_EXPRESSION.value, primitive_names(_CONFIG.value),
+                                      domain=str(_CONFIG.value.domain.kind))   # aliases read as names
         started, info = time.monotonic(), run_info(" ".join(["python", "launch/learning_curve.py", *sys.argv[1:]]),
                                                    "curve")
-        curve = learning_curve(_CONFIG.value, _WORKDIR.value, _EXPRESSION.value, steps, seeds, label=_LABEL.value)
+        curve = learning_curve(_CONFIG.value, _WORKDIR.value, expression, steps, seeds,
+                               label=_LABEL.value or _EXPRESSION.value)
     except (InputError, ValueError) as err:
         sys.exit(f"{argv[0]}: error: {str(err).splitlines()[0]}")
     record_run(_WORKDIR.value, info, started)
