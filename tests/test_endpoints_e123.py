@@ -83,7 +83,7 @@ def test_e2_uses_the_repeated_keys_paired_by_seed():
     assert (row["difference"], row["ci95_low"], row["p_value"]) == pytest.approx(
         (expected["difference"], expected["ci95_low"], expected["p_value"]))
     assert row["p_value"] == pytest.approx(scipy_stats.ttest_1samp(diffs, 0.0).pvalue)
-    assert "3 keys per seed" in row["measured as"]
+    assert "3 keys per seed" in row["measured_as"]
     single = endpoints.e2_repeated_final({"derl": [_run("derl", s, "g2", 0.3 + s / 10) for s in range(3)],
                                           "random": [_run("random", s, "g3", 0.2) for s in range(3)]})
     assert single["difference"] == pytest.approx(0.2)   # one key: the retrained test

@@ -14,7 +14,7 @@
   iteration's history records, classified by `reward_class`), DERL − random per seed, paired
   t over the per-seed slope differences. Not measurable without a classifier or histories.
 
-Each row: {"endpoint", "measured as", "difference", "ci95_low", "ci95_high", "p_value",
+Each row: {"endpoint", "measured_as", "difference", "ci95_low", "ci95_high", "p_value",
 "verdict", "seeds", ...} or {"endpoint", "verdict": "not measurable", "note"}.
 """
 
@@ -67,7 +67,7 @@ def e1_top_share(results: Mapping[str, Sequence[MethodResult]], classify: Classi
     test = mcnemar_exact(top[method], top[baseline])
     difference = float(np.mean(top[method]) - np.mean(top[baseline]))
     separated = test["p_value"] < stats.ALPHA
-    return {"endpoint": name, "measured as": f"{method} − {baseline}, paired by seed, exact McNemar",
+    return {"endpoint": name, "measured_as": f"{method} − {baseline}, paired by seed, exact McNemar",
             "difference": difference, "share": float(np.mean(top[method])), "baseline_share": float(np.mean(top[baseline])),
             **test, "seeds": len(seeds), "separated": separated,
             "verdict": stats.verdict({"difference": difference, "separated": separated})}
@@ -91,7 +91,7 @@ def e2_repeated_final(results: Mapping[str, Sequence[MethodResult]], method: str
     by_seed = {m: {r.seed: repeated_test(r) for r in results[m]} for m in (method, baseline)}
     keys = sorted({len(getattr(r, "final_repeat_tests", None) or [0]) for m in (method, baseline) for r in results[m]})
     found = stats.t_test([by_seed[method][s] - by_seed[baseline][s] for s in seeds])
-    return {"endpoint": name, "measured as": f"{method} − {baseline}, {'/'.join(map(str, keys))} keys per seed, "
+    return {"endpoint": name, "measured_as": f"{method} − {baseline}, {'/'.join(map(str, keys))} keys per seed, "
             "Student-t over seeds", **found, "verdict": stats.verdict(found)}
 
 
@@ -123,7 +123,7 @@ def e3_share_slope(histories: Histories | None, classify: Classify | None, metho
     if len(differences) < 2:
         return _not_measurable(name, "fewer than two seeds with two iterations each")
     found = stats.t_test(differences)
-    return {"endpoint": name, "measured as": f"{method} − {baseline}, share per iteration, Student-t over seeds",
+    return {"endpoint": name, "measured_as": f"{method} − {baseline}, share per iteration, Student-t over seeds",
             **found, "verdict": stats.verdict(found)}
 
 
@@ -145,6 +145,6 @@ def endpoints_table(rows: Sequence[Mapping[str, Any]]) -> str:
             continue
         interval = (f"[{100 * row['ci95_low']:+.2f}, {100 * row['ci95_high']:+.2f}]" if "ci95_low" in row
                     else f"{row['first_only']} vs {row['second_only']} discordant seeds")
-        lines.append(f"| {row['endpoint']} | {row['measured as']} | {100 * row['difference']:+.2f} | {interval} | "
+        lines.append(f"| {row['endpoint']} | {row['measured_as']} | {100 * row['difference']:+.2f} | {interval} | "
                      f"{row['p_value']:.3f} | {row['verdict']} |")
     return "\n".join(lines) + "\n"
