@@ -253,7 +253,9 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
             return result
         final = protocol.run_final(checked.expression, domain, evaluator, workdir, int(cfg.seed), base_params=base_params)
         print(f"final policy for {final.expression!r}: test accuracy {final.test:.4f}; "
-              f"written to {workdir}/{protocol.FINAL_RESULT_FILE}")
+              f"written to {workdir}/{protocol.FINAL_RESULT_FILE}"
+              + (f", the policy to {workdir}/{protocol.FINAL_POLICY_HF_DIR}/"
+                 if os.path.isdir(os.path.join(workdir, protocol.FINAL_POLICY_HF_DIR)) else ""))
         return final
 
 
