@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from derl_jax.domains.env import window_room
 from primitives.registry import Primitive
 
 
@@ -171,7 +172,7 @@ class Domain:
             if self.history == FULL_HISTORY:   # o_0, then every turn but the last one's action and observation
                 width += int(self.env.obs_length) + (int(self.env.max_turns) - 1) * turn
             else:
-                width += int(self.history) * turn
+                width += window_room(self.env, int(self.history))
         return min(width, self.prompt_budget) if self.prompt_budget else width
 
     @property

@@ -124,9 +124,26 @@ def left_pack(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]
     return jnp.take_along_axis(tokens, order, axis=-1), jnp.take_along_axis(mask, order, axis=-1)
 
 
+def prompt_layout(env: Any):
+    """The `agent_prompt.AgentLayout` of an environment that renders agent-prompt rows, else None."""
+    layout = getattr(env, "prompt_layout", None)
+    return layout if layout is not None else getattr(getattr(env, "env", None), "prompt_layout", None)
+
+
+def window_room(env: Any, window: int) -> int:
+    """The most window tokens of a turn's prompt with `window` slots: W * (A + O), or what the
+    environment's agent layout keeps (`agent_prompt.window_room`)."""
+    layout = prompt_layout(env)
+    if layout is None:
+        return int(window) * (int(env.action_length) + int(env.obs_length))
+    from derl_jax.domains.agent_prompt import window_room as agent_room
+
+    return agent_room(layout, int(window), int(env.obs_length), int(env.action_length))
+
+
 def window_history(task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array, observations: jax.Array,
                    obs_mask: jax.Array, length: int | None = None, pad_id: int | None = None,
-                   width: int | None = None) -> tuple[jax.Array, jax.Array]:
+                   width: int | None = None, layout: Any = None) -> tuple[jax.Array, jax.Array]:
     """The window part of one turn's prompts: actions i32[N, W, A], observations i32[N, W, O]
     (slot j: action j and the observation it led to) -> (history i32[N, W*(A+O)], kept bool[N, W*(A+O)]),
     slot by slot, the real tokens that fit marked in `kept`.
@@ -134,21 +151,44 @@ def window_history(task_mask: jax.Array, actions: jax.Array, action_mask: jax.Ar
     A prompt holds at most `length` tokens (None: no bound), the task's real tokens (task_mask
     bool[N, Tp]) first, so a row keeps its newest min(length - task tokens, `width`) real history
     tokens (`width` None: no second bound); dropped tokens are set to `pad_id` (needed then).
+
+    With an agent `layout` (`derl_jax.domains.agent_prompt.AgentLayout`) the raw actions stay out
+    (unless it keeps them), the last `current_only` positions of every observation but the newest
+    are dropped, and the layout's suffix i32[X] follows, always whole (it counts in `length` and
+    `width`): the outputs are [N, W*(A+O) + X].
     """
     chex.assert_rank([task_mask, actions, observations], [2, 3, 3])
     count = task_mask.shape[0]
+    suffix = None
+    if layout is not None:
+        if not layout.actions_in_window:
+            action_mask = jnp.zeros_like(action_mask, bool)
+        slots, obs_len = observations.shape[1], observations.shape[2]
+        older = np.arange(slots)[:, None] < slots - 1
+        current_part = np.arange(obs_len)[None, :] >= obs_len - int(layout.current_only)
+        obs_mask = obs_mask.astype(bool) & jnp.asarray(~(older & current_part))[None]
+        suffix = jnp.broadcast_to(jnp.asarray(layout.suffix, jnp.int32), (count, len(layout.suffix)))
+        if length is not None:
+            length = int(length) - len(layout.suffix)
+        if width is not None:
+            width = int(width) - len(layout.suffix)
     history = jnp.concatenate([actions, observations], axis=-1).reshape(count, -1)
     kept = jnp.concatenate([action_mask, obs_mask], axis=-1).reshape(count, -1).astype(bool)
     room = None if length is None else int(length) - jnp.sum(task_mask, axis=1, keepdims=True)
     if width is not None:
         room = int(width) if room is None else jnp.minimum(room, int(width))
-    if room is None:
+    if room is not None:
+        if pad_id is None:
+            raise ValueError("window_history: a bounded window needs pad_id")
+        newer = jnp.cumsum(kept[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
+        kept = kept & (newer <= room)
+        history = jnp.where(kept, history, pad_id)
+    elif suffix is not None and pad_id is not None:
+        history = jnp.where(kept, history, pad_id)
+    if suffix is None:
         return history, kept
-    if pad_id is None:
-        raise ValueError("window_history: a bounded window needs pad_id")
-    newer = jnp.cumsum(kept[:, ::-1], axis=1)[:, ::-1]   # real history tokens from here on
-    kept = kept & (newer <= room)
-    return jnp.where(kept, history, pad_id), kept
+    return (jnp.concatenate([history, suffix.astype(history.dtype)], axis=1),
+            jnp.concatenate([kept, jnp.ones(suffix.shape, bool)], axis=1))
 
 
 def turn_prompts(task: jax.Array, task_mask: jax.Array, actions: jax.Array, action_mask: jax.Array,

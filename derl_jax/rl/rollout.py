@@ -61,7 +61,8 @@ import numpy as np
 from flax import nnx, struct
 
 from derl_jax.domains.base import FULL_HISTORY, TokenDataset
-from derl_jax.domains.env import checked_reset, checked_step, is_host_env, left_pack, window_history
+from derl_jax.domains.env import (checked_reset, checked_step, is_host_env, left_pack, prompt_layout, window_history,
+                                  window_room)
 from derl_jax.models import sampling, streams
 from derl_jax.models.config import ModelConfig
 from derl_jax.models.transformer import config_of
@@ -220,6 +221,8 @@ def episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Callable 
     history in one stream per episode (`stream_episodes`) or a window read after the task every turn
     (`window_episodes`), as `domain.history` says."""
     if domain.history == FULL_HISTORY:
+        if prompt_layout(domain.env) is not None:
+            raise ValueError(f"multi-turn domain {domain.name!r}: the agent prompt needs a window history (an int W)")
         return stream_episodes(domain, graphdef, cfg, over_data)
     return window_episodes(domain, graphdef, cfg, over_data)
 
@@ -230,8 +233,7 @@ def window_width(domain: Any) -> int:
     most H window tokens (`window_history`'s `width`), so for the domain's own examples the
     bound is the prompt length's; an example of another dataset with a shorter task gets no
     more than H window tokens either."""
-    env = domain.env
-    full = int(domain.history) * (int(env.action_length) + int(env.obs_length))
+    full = window_room(domain.env, int(domain.history))
     splits = [split for split in (domain.train, domain.test) if split is not None]
     fewest = min(int(np.min(np.sum(np.asarray(split.prompt_mask), axis=1))) for split in splits)
     return max(1, min(full, int(domain.prompt_length) - fewest))
@@ -251,6 +253,7 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
     turns, obs_len, act_len = int(env.max_turns), int(env.obs_length), int(env.action_length)
     length = int(domain.prompt_length)   # a split narrower than the widest keeps its own full width
     width = window_width(domain)
+    layout = prompt_layout(domain.env)   # an agent prompt's rows and tail, or None
 
     def fn(params, batch: TokenDataset, key, greedy: bool):
         count = batch.size
@@ -264,7 +267,7 @@ def window_episodes(domain: Any, graphdef: nnx.GraphDef, cfg: Any, over_data: Ca
         def turn(carry, index):
             state, observations, actions, alive, success = carry
             history, kept = window_history(batch.prompt_mask, actions, actions != pad, observations,
-                                           observations != pad, length, pad, width)
+                                           observations != pad, length, pad, width, layout)
             history, kept = over_data(history), over_data(kept)
             block, block_mask = left_pack(history, kept)
             block, block_mask = block[:, -width:], block_mask[:, -width:]

@@ -3,7 +3,8 @@
     base_params, evaluator = build_inner(domain, cfg, workdir)
 
 The base policy is a local Hugging Face checkpoint (`config.policy.checkpoint`, Qwen2 /
-Qwen2.5) or a scratch policy of the `config.policy` sizes, warm-started by supervised
+Qwen2.5; cold-started by `config.policy.sft_steps` > 0 supervised steps on the domain's corpus,
+`sft.cold_start`) or a scratch policy of the `config.policy` sizes, warm-started by supervised
 fine-tuning on the domain's corpus when `config.policy.sft_steps` > 0 (cached under
 `<workdir>/base_policy/`; the corpus leaves out the validation rows of
 `config.outer.split_seed`, so validation scores measure held-out accuracy). The evaluator
@@ -71,7 +72,8 @@ def load_checkpoint(domain: Domain, cfg: Any) -> tuple[nnx.GraphDef, nnx.State]:
 
 def base_policy(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) of the run's base policy (module docstring)."""
-    if str(_policy_field(cfg, "checkpoint", "")).strip():
+    checkpoint = str(_policy_field(cfg, "checkpoint", "")).strip()
+    if checkpoint and int(_policy_field(cfg, "sft_steps", 0)) == 0:
         return load_checkpoint(domain, cfg)
     held_out = validation_rows(domain.train.size, int(cfg.outer.split_seed))
     cache = os.path.join(os.fspath(workdir), BASE_POLICY_DIR) if workdir is not None else None
@@ -79,6 +81,10 @@ def base_policy(domain: Domain, cfg: Any, workdir: str | os.PathLike | None) -> 
         import tempfile
 
         cache = tempfile.mkdtemp(prefix="derl_base_policy_")
+    if checkpoint:   # the cold start of a pretrained policy (sft.cold_start)
+        graphdef, params = load_checkpoint(domain, cfg)
+        return graphdef, sft.cold_start(domain, graphdef, params, cfg.policy, cache, seed=int(cfg.seed),
+                                        holdout_rows=held_out, source=os.path.expanduser(checkpoint))
     graphdef, params = sft.base_policy(domain, cfg.policy, cache, seed=int(cfg.seed), holdout_rows=held_out)
     if domain.base_policy_band:
         check_base_policy(domain, graphdef, params, cfg, held_out, cache)

@@ -360,6 +360,56 @@ def load_policy(path: str, model_cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.St
     return graphdef, jax.tree_util.tree_unflatten(treedef, leaves), losses
 
 
+def load_arrays_into(path: str, params: nnx.State) -> nnx.State:
+    """`params` with every leaf replaced by the array `save_policy` stored under its tree path
+    (same shapes and dtypes)."""
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    with np.load(path) as stored:
+        leaves = []
+        for key_path, leaf in leaves_with_paths:
+            name = jax.tree_util.keystr(key_path)
+            if name not in stored or stored[name].shape != leaf.shape or stored[name].dtype != leaf.dtype:
+                raise ValueError(f"load_arrays_into: {path} has no parameter {name} of {leaf.dtype}{list(leaf.shape)}")
+            leaves.append(jnp.asarray(stored[name]))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy_cfg: Any,
+               cache_dir: str | os.PathLike, *, seed: int = 0, holdout_rows: Sequence[int] = (),
+               source: str = "") -> nnx.State:
+    """A pretrained policy's params after `policy_cfg.sft_steps` supervised steps on the domain's
+    corpus (for the agent domains: expert turns written in the agent prompt with the reasoning
+    tags, `derl_jax.domains.agent_prompt`), the cold start the DERL paper gives its agent
+    policies (RLVMR's). Cached in `cache_dir` under a hash of the checkpoint `source`, its model
+    config, the SFT config and the encoded corpus; with 0 steps `params` as given."""
+    from derl_jax.models.transformer import config_of
+
+    sft_cfg = sft_config_from(policy_cfg, seed)
+    if sft_cfg.steps == 0:
+        return params
+    corpus = domain_corpus(domain, seed, holdout_rows, policy_cfg)
+    data = encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length), int(domain.max_new_tokens))
+    description = {"code_version": SFT_CODE_VERSION, "domain": domain.name, "source": str(source),
+                   "model": repr(config_of(graphdef, params)), "sft": dataclasses.asdict(sft_cfg),
+                   "data": _array_digest(data)}
+    key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
+    path = os.path.join(os.fspath(cache_dir), f"cold_start_{key[:24]}.npz")
+    if os.path.exists(path):
+        try:
+            return load_arrays_into(path, params)
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+            warnings.warn(f"cold_start: cached policy {path} is unreadable ({type(err).__name__}: {err}); "
+                          f"training it again", stacklevel=2)
+    params, losses = train_sft(graphdef, params, data, sft_cfg)
+    os.makedirs(os.fspath(cache_dir), exist_ok=True)
+    save_policy(path, params, losses)
+    losses = np.asarray(losses, np.float64)
+    atomic_write_json(path[: -len(".npz")] + ".json", {
+        **description, "cache_key": key, "corpus_size": data.size,
+        "first_loss": float(losses[0]), "final_loss": float(losses[-1])})
+    return params
+
+
 def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *, seed: int = 0,
                 holdout_rows: Sequence[int] = ()) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) of the domain's SFT base policy, loaded from `cache_dir` or built there.

@@ -36,13 +36,14 @@ import numpy as np
 
 import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import ConfigError, choice, config_value, int_at_least, int_tuple, optional_fraction
-from derl_jax.domains import selfguide
+from derl_jax.domains import agent_prompt, selfguide
 from derl_jax.domains.base import FULL_HISTORY, Domain, TokenDataset
 from derl_jax.domains.household import corpus as household_corpus
 from derl_jax.domains.household import tasks as T
 from derl_jax.domains.household import vocab
 from derl_jax.domains.household.env import TASK_FIELDS, HouseholdEnv
 from derl_jax.domains.household.prompt import TASK_PROMPT_LENGTH, task_prompt
+from derl_jax.domains.household.text_env import HouseholdTextEnv, expert_turns
 from derl_jax.domains.registry import register_domain
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
@@ -64,10 +65,13 @@ def tasks_of(dataset: TokenDataset) -> T.Task:
     return T.Task(**{name: np.asarray(dataset.context[name]) for name in TASK_FIELDS})
 
 
-def make_household_domain(cfg: Any) -> Domain:
-    """The household Domain of config block `cfg` (`config.domain`)."""
+def make_household_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
+    """The household Domain of config block `cfg` (`config.domain`); with `tokenizer_dir` (a
+    Hugging Face tokenizer directory) the agent-prompt domain of a pretrained policy (`agent_domain`)."""
     held_out = tuple(int(k) for k in cfg.get("held_out_kinds", T.DEFAULT_HELD_OUT_KINDS))
     train, test = T.level_splits(str(cfg.level), int(cfg.seed), int(cfg.num_train), int(cfg.num_test), held_out)
+    if tokenizer_dir:
+        return agent_domain(cfg, tokenizer_dir, train, test, held_out)
     self_guide = selfguide.enabled(cfg)
     env = HouseholdEnv(max_turns=int(cfg.max_turns), self_guide=self_guide, self_rewards=selfguide.self_rewards(cfg))
     train_kinds, test_kinds, unseen = T.level_kinds(str(cfg.level), held_out)
@@ -90,6 +94,60 @@ def make_household_domain(cfg: Any) -> Domain:
               "type_split": dataclasses.asdict(T.type_split(int(cfg.seed)))},
     )
     return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+AGENT_OBS_LENGTH, AGENT_ADMISSIBLE_LENGTH, AGENT_ANSWER_LENGTH = 96, 192, 48   # ours: tokens a row / answer fits
+
+
+def agent_domain(cfg: Any, tokenizer_dir: str, train: T.Task, test: T.Task, held_out: tuple[int, ...]) -> Domain:
+    """The household for a pretrained policy: the agent prompt (`derl_jax.domains.agent_prompt`)
+    in the policy's tokenizer, the environment behind it on the host (`text_env.HouseholdTextEnv`),
+    and the perturbed expert's turns written in it as the cold-start corpus. Config fields:
+    obs_length / admissible_length (tokens of a row's step text / admissible line), answer_length
+    (tokens of an answer: assessment, reasoning and action), window (W)."""
+    self_guide = selfguide.enabled(cfg)
+    table = agent_prompt.load_table(tokenizer_dir)
+    prompt = agent_prompt.AgentPrompt(table, "household", int(cfg.get("obs_length", AGENT_OBS_LENGTH)),
+                                      int(cfg.get("admissible_length", AGENT_ADMISSIBLE_LENGTH)), self_guide,
+                                      int(cfg.get("answer_length", AGENT_ANSWER_LENGTH)))
+    env = HouseholdTextEnv(HouseholdEnv(max_turns=int(cfg.max_turns)), prompt,
+                           int(cfg.get("answer_length", AGENT_ANSWER_LENGTH)), self_guide=self_guide,
+                           self_rewards=selfguide.self_rewards(cfg))
+
+    def dataset(tasks: T.Task) -> TokenDataset:
+        texts = [prompt.task_ids(env.task_text(d)) for d in np.asarray(tasks.description)]
+        prompts, mask = table.encode_batch(texts, max(len(t) for t in texts), left_pad=True)
+        return TokenDataset(prompts=jnp.asarray(prompts), prompt_mask=jnp.asarray(mask),
+                            context={name: jnp.asarray(getattr(tasks, name)) for name in TASK_FIELDS})
+
+    train_kinds, test_kinds, unseen = T.level_kinds(str(cfg.level), held_out)
+    history = domain_history(cfg)
+    if history == FULL_HISTORY:
+        raise ConfigError("config.domain.history: the agent prompt of a pretrained policy needs a window "
+                          "(history='window'), not 'full'")
+    domain = Domain(
+        name="household", primitives=registry.resolve("agent", household_primitive_names(cfg)), outcome_index=0,
+        train=dataset(train), test=dataset(test), tokenizer=table, max_new_tokens=env.action_length,
+        eos_id=table.eos_id, pad_id=table.pad_id, rollout="env", env=env, history=history,
+        info={"level": str(cfg.level), "seed": int(cfg.seed), "train_kinds": [T.KINDS[k] for k in train_kinds],
+              "test_kinds": [T.KINDS[k] for k in test_kinds], "test_unseen": unseen, "prompt_style": "agent",
+              "type_split": dataclasses.asdict(T.type_split(int(cfg.seed)))},
+    )
+    return dataclasses.replace(domain, corpus=functools.partial(agent_corpus, domain))
+
+
+def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                 ) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of the perturbed expert's turns on the training tasks except
+    `holdout_rows`, in the agent prompt (`text_env.expert_turns`); `options.sft_perturb_rate`
+    is the share of random admissible actions."""
+    rate = float((options or {}).get("sft_perturb_rate", DEFAULT_PERTURB_RATE))
+    held = {int(row) for row in np.asarray(holdout_rows, np.int64).reshape(-1)}
+    train = tasks_of(domain.train)
+    keep = np.array([row for row in range(train.size) if row not in held], np.int64)
+    if not len(keep):
+        raise ValueError("household corpus: no tasks are left for the supervised corpus")
+    return expert_turns(domain.env, train.take(keep), int(seed), rate, int(domain.history))
 
 
 HISTORIES = ("window", FULL_HISTORY)
@@ -167,6 +225,7 @@ def validate_household_config(cfg: Any) -> None:
     if len(held_out) != 2:
         raise ConfigError(f"config.domain.held_out_kinds must name two kinds of 0..5 {T.KINDS}, got {held_out}")
     selfguide.validate_fields(cfg)
+    agent_prompt.validate_prompt_fields(cfg)
     policy = config_value(cfg, "policy")
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     if "sft_extra_tasks" in policy:
@@ -176,4 +235,5 @@ def validate_household_config(cfg: Any) -> None:
 @register_domain("household", primitive_names=lambda cfg: household_primitive_names(cfg.domain),
                  validate=validate_household_config)
 def build_household_domain(cfg: Any) -> Domain:
-    return make_household_domain(cfg.domain)
+    return make_household_domain(cfg.domain, agent_prompt.tokenizer_directory(cfg) if agent_prompt.agent_style(cfg)
+                                 else "")

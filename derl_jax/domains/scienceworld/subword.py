@@ -31,8 +31,11 @@ class SubwordTable:
     def __len__(self) -> int:
         return self.vocab_size
 
-    def tokens(self, text: str) -> list[int]:
-        """Token ids of `text` (no special tokens added)."""
+    def tokens(self, text: str | Sequence[int]) -> list[int]:
+        """Token ids of `text` (no special tokens added); a sequence of ids (an agent-prompt
+        corpus row, `derl_jax.domains.agent_prompt`) is taken as it is."""
+        if not isinstance(text, str):
+            return [int(i) for i in text]
         return self.tokenizer.encode(text)
 
     def encode(self, text: str, length: int) -> np.ndarray:
