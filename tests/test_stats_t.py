@@ -170,3 +170,23 @@ def test_the_structure_rule_counts_aligned_primitives(text, outcome_only, with_a
     expr = parse(text, SYMBOLS)
     assert structure(expr, 5, 0) == outcome_only
     assert structure(expr, 5, 0, aligned=(1,)) == with_aligned
+
+
+def test_the_structure_claim_reclassifies_the_proposals_under_the_aligned_rule():
+    """Proposals `g2` (stable only with g2 aligned) take over from `g3+g4` (invalid either way)."""
+    import functools
+
+    def history(counts):
+        return [{"iteration": i, "text": "g2" if j < count else "g3+g4"} for i, count in enumerate(counts) for j in range(4)]
+
+    histories = {"derl": {0: history([0, 1, 2, 3]), 1: history([1, 1, 3, 4]), 2: history([0, 2, 2, 4])}}
+    structure_of = functools.partial(claims.structure_with_aligned, names=SYMBOLS, outcome_index=0, aligned=(1,))
+    assert [structure_of(t) for t in ("g2", "g3+g4", "g2*g3", "g2+", "g1")] == [STABLE, INVALID, UNSTABLE, INVALID, STABLE]
+    np.testing.assert_allclose(claims.stable_share_per_iteration(histories["derl"][1], structure_of), [0.25, 0.25, 0.75, 1])
+    rows = claims.claim_rows({"derl": []}, aligned=(1,), histories=histories, structure_of=structure_of)
+    (row,) = rows
+    slopes = [np.polyfit(np.arange(4.0), np.array(c) / 4, 1)[0] for c in ([0, 1, 2, 3], [1, 1, 3, 4], [0, 2, 2, 4])]
+    assert row["claim"] == claims.STRUCTURE_CLAIM and row["rule"] == "aligned"
+    assert row["difference"] == pytest.approx(np.mean(slopes)) and row["verdict"] == "separated"
+    outcome_only = functools.partial(claims.structure_with_aligned, names=SYMBOLS, outcome_index=0, aligned=())
+    assert claims.stable_share_per_iteration(histories["derl"][1], outcome_only).tolist() == [0, 0, 0, 0]

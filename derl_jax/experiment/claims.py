@@ -15,11 +15,14 @@ adjusts the claims' p-values over the claims of one compare.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from derl_jax.experiment import stats
+from derl_jax.expr.check import check_compiled
+from derl_jax.expr.parse import ExpressionError, parse
+from derl_jax.expr.structure import INVALID, STABLE, structure
 from derl_jax.experiment.results import MethodResult
 
 BASELINES = ("outcome", "random")
@@ -127,32 +130,69 @@ STRUCTURE_CLAIM = TREND_CLAIMS[1][0]
 NOT_MEASURABLE = stats.NOT_MEASURABLE
 
 
-def claim_rows(results: Mapping[str, Sequence[MethodResult]], *, aligned: Sequence[int] = ()) -> list[dict]:
+def claim_rows(results: Mapping[str, Sequence[MethodResult]], *, aligned: Sequence[int] = (),
+               histories: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]] | None = None,
+               structure_of: Callable[[str], str] | None = None) -> list[dict]:
     """One row per paper claim this compare can test: {"claim", "kind" ("paired" | "trend"),
     "difference", "ci95_low", "ci95_high", "p_value", "verdict", "p_holm", "verdict_holm", ...};
     claims whose methods did not run, or lack item scores or seeds, are left out.
 
     aligned: the domain's outcome-aligned primitives besides the outcome (`Domain.aligned_indices`).
-    The structure classes a search records use the outcome-only rule, so where a domain declares
-    aligned primitives the Fig. 4 claim is reported "not measurable" (no interval, not in Holm)."""
+    The structure classes a search records use the outcome-only rule; where a domain declares
+    aligned primitives the Fig. 4 claim reads the proposals of `histories` ({method: {seed:
+    history records}}) classified again by `structure_of(text)` (`structure_with_aligned`), and
+    is "not measurable" (no interval, not in Holm) without them."""
     rows = []
     for claim, method, baseline in PAIRED_CLAIMS:
         difference = paired(results, method, baseline)
         if difference is not None:
             rows.append({"claim": claim, "kind": "paired", "method": method, "baseline": baseline, **difference})
     for claim, method, name in TREND_CLAIMS:
+        if claim == STRUCTURE_CLAIM and aligned and histories and structure_of is not None:
+            found = _reclassified_trend(histories.get(method) or {}, structure_of)
+            if found is not None:
+                rows.append({"claim": claim, "kind": "trend", "method": method, "series": name + " (aligned rule)",
+                             "rule": "aligned", **found})
+            continue
         found = trend(results.get(method, ()), name)
         if found is not None:
             rows.append({"claim": claim, "kind": "trend", "method": method, "series": name, **found})
     return finish_claims(rows, aligned)
 
 
+def stable_share_per_iteration(records: Sequence[Mapping[str, Any]], structure_of: Callable[[str], str]) -> np.ndarray:
+    """f64[iterations]: per outer iteration, the share of its proposals `structure_of` calls stable."""
+    iterations = sorted({int(r["iteration"]) for r in records})
+    return np.asarray([np.mean([structure_of(str(r["text"])) == STABLE for r in records if int(r["iteration"]) == i])
+                       for i in iterations], np.float64)
+
+
+def _reclassified_trend(histories: Mapping[int, Sequence[Mapping[str, Any]]], structure_of) -> dict | None:
+    slopes = [slope(shares) for shares in (stable_share_per_iteration(h, structure_of) for h in histories.values())
+              if len(shares) >= 2]
+    return stats.t_test(slopes) if len(slopes) >= 2 else None
+
+
+def structure_with_aligned(text: str, names: Sequence[str], outcome_index: int, aligned: Sequence[int]) -> str:
+    """The Fig. 4 class of a proposal `text` under the rule with the domain's aligned primitives
+    (`derl_jax.expr.structure.structure(..., aligned=...)`); "invalid" when it does not parse or check."""
+    try:
+        expr = parse(text, names)
+    except ExpressionError:
+        return INVALID
+    checked = check_compiled(expr, len(names), outcome_index=outcome_index)
+    if not checked[0].ok:
+        return INVALID
+    return structure(expr, len(names), outcome_index, checked=checked, aligned=aligned)
+
+
 def finish_claims(rows: Sequence[Mapping[str, Any]], aligned: Sequence[int] = ()) -> list[dict]:
     """Claim rows with their verdicts: the raw one from each interval, the Holm one over the
-    measurable claims; the Fig. 4 claim "not measurable" where `aligned` is not empty."""
+    measurable claims; the Fig. 4 claim "not measurable" where `aligned` is not empty and the row
+    was not measured under the aligned rule (`"rule": "aligned"`)."""
     rows = [dict(row) for row in rows]
     for row in rows:
-        if row["claim"] == STRUCTURE_CLAIM and aligned:
+        if row["claim"] == STRUCTURE_CLAIM and aligned and row.get("rule") != "aligned":
             row.update(verdict=NOT_MEASURABLE, verdict_holm=NOT_MEASURABLE, p_value=None, p_holm=None,
                        note="the structure rule ignores the domain's outcome-aligned primitives "
                             + ", ".join(f"g{i + 1}" for i in aligned))

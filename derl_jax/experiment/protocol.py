@@ -60,6 +60,7 @@ only runs its own tests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -82,7 +83,7 @@ from derl_jax.outer import candidate_policies
 from derl_jax.outer.budget import final_steps, inner_step_totals, population_inner_steps, population_iterations
 from derl_jax.outer.candidates import select
 from derl_jax.experiment.export import FINAL_POLICY_FILE, FINAL_POLICY_HF_DIR, write_policy_hf
-from derl_jax.experiment import reevaluate
+from derl_jax.experiment import claims, reevaluate
 from derl_jax.experiment.report import RESULTS_JSON, RESULTS_MD, write_report
 from derl_jax.logging import HISTORY_FILE, read_jsonl
 from derl_jax.experiment.results import HEADLINE_EVOLVED, HEADLINE_RETRAINED, MethodResult, best_so_far, per_iteration_summary
@@ -532,7 +533,10 @@ def compare(
     searched = {m: [best_so_far(history[s]) for s in seeds] for m, history in histories.items()}
     return write_report(workdir, results, base_test=base_test, best_so_far=searched,
                         aligned=getattr(domain, "aligned_indices", ()), histories=histories,
-                        classify=domain.reward_class if getattr(domain, "classifier", None) is not None else None)
+                        classify=domain.reward_class if getattr(domain, "classifier", None) is not None else None,
+                        structure_of=functools.partial(claims.structure_with_aligned, names=domain.primitive_names,
+                                                       outcome_index=domain.outcome_index,
+                                                       aligned=getattr(domain, "aligned_indices", ())))
 
 
 def base_policy_test(workdir: str, domain: TokenDomain, evaluator: CandidateEvaluator, base_params: Any) -> float:

@@ -63,7 +63,8 @@ def summary_percent(summary: Mapping[str, Any], payload: Mapping[str, Any]) -> d
 def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *, base_test: float | None = None,
                  best_so_far: Mapping[str, Sequence[Sequence[float]]] | None = None,
                  aligned: Sequence[int] = (), histories: Mapping[str, Mapping[int, Sequence[Mapping]]] | None = None,
-                 classify: Callable[[str], str | None] | None = None) -> dict:
+                 classify: Callable[[str], str | None] | None = None,
+                 structure_of: Callable[[str], str] | None = None) -> dict:
     """results.json, results.md and the plots in `workdir`; returns the results.json content.
     `base_test`: the base policy's test accuracy (before RL), reported beside the methods.
     `best_so_far`: per search method, per seed, the best validation score after each charged
@@ -72,7 +73,8 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
     results.json's "structure_rule"; where there are some the Fig. 4 claim is not measurable
     (`claims.claim_rows`). `histories` ({method: {seed: history.jsonl records}}) and `classify`
     (`Domain.reward_class`, None where the domain has no classes) feed the endpoints E1-E3
-    (`derl_jax.experiment.endpoints`)."""
+    (`derl_jax.experiment.endpoints`); with `structure_of` (`claims.structure_with_aligned` for the
+    domain) the Fig. 4 claim reads the histories' proposals under the aligned rule."""
     workdir = os.fspath(workdir)
     pct = lambda field: {m: [100.0 * _value(r, field) for r in rs] for m, rs in results.items()}  # noqa: E731
     test_md, test_summary = stats.results_table(pct("test"), column="test accuracy (%)", clip=(0.0, 100.0))
@@ -109,7 +111,7 @@ def write_report(workdir: str, results: Mapping[str, Sequence[MethodResult]], *,
             ylabel="best validation score so far")
 
     paired = claims.paired_rows(results)
-    claim_rows = claims.claim_rows(results, aligned=aligned)
+    claim_rows = claims.claim_rows(results, aligned=aligned, histories=histories, structure_of=structure_of)
     derl_minus_random = claims.iteration_difference(results)
     set_md, set_summary = test_set_table(results, "test_sets")
     retrained_set_md, retrained_set_summary = test_set_table(results, "retrained_test_sets")
