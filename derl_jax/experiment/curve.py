@@ -84,7 +84,7 @@ def compare_curves(curves: Sequence[Mapping[str, Any]]) -> list[dict]:
 
     curves: curve.json payloads with `test_items` f[steps, seeds, items], made with the same seeds
     and test items. Returns one row per (curve, steps): {"label", "baseline", "steps"} and
-    `stats.paired_difference`'s fields (fractions; bootstrap over seeds and items).
+    `stats.paired_difference`'s fields (fractions; Student-t over seeds, two-way bootstrap beside it).
     """
     if len(curves) < 2:
         return []
