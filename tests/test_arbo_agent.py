@@ -85,6 +85,7 @@ def test_workspace_views_follow_the_ablations():
     cand = read(blind, "candidates/0.md")
     assert "expression: g1+g2" in cand and "score" not in cand and "reward_mean" not in cand
     assert "evaluation_log.md" not in system_prompt(blind) and "evaluation_log.md" in system_prompt(workspace())
+    assert "Every submission is charged" in system_prompt(workspace())
     assert "0.4" not in round_prompt(blind, "exploit") and "candidate 0 (g1+g2)" in round_prompt(blind, "exploit")
     no_belief = workspace(View(belief=False))
     assert "write_file" not in {t["function"]["name"] for t in no_belief.tool_specs()}

@@ -280,7 +280,8 @@ def system_prompt(workspace: Workspace, framework: bool = True) -> str:
            if workspace.scores_shown else "the past candidates (candidates/<id>.md)") + ", all read-only." + own
         + " Study them with list_files and read_file"
         + (", write with write_file" if workspace.view.belief else "")
-        + ", and submit candidates with submit_candidate."
+        + ", and submit candidates with submit_candidate. Every submission is charged: one that is not a valid "
+        "reward or repeats a candidate uses up its slot all the same."
         + ("" if framework else " How to search is up to you."))
 
 
