@@ -137,3 +137,11 @@ def test_the_token_level_example_of_the_docs(token_example):
     names = ("correct", "boxed", "steps", "gold_anywhere", "answer_after_equals")
     assert check_expression("outcome + 0.5*after_eq", names, domain="arith") == "correct + 0.5*answer_after_equals"
     assert registry.missing_hint("arith", names[:4], "after_eq").endswith("=\"('answer_after_equals',)\"")
+
+
+def test_a_fixed_baseline_reads_aliases():
+    from derl_jax.outer import make_strategy
+
+    strategy = make_strategy("fixed:outcome+0.5*format", {"domain": {"kind": "arith"}}, None, ARITH)
+    texts, _ = strategy.propose(strategy.init(None), None, 2)
+    assert texts == ["correct+0.5*boxed"] * 2 and strategy.name == "fixed:outcome+0.5*format"

@@ -37,7 +37,14 @@ class FixedStrategy(Strategy):
 
     @classmethod
     def from_config(cls, name: str, context: StrategyContext) -> "FixedStrategy":
-        return cls(name[len(FIXED_PREFIX) :] if name.startswith(FIXED_PREFIX) else name)
+        """The expression after `fixed:`, its primitive aliases read as names (`outcome` -> `correct`)."""
+        from derl_jax.config import config_value, has_field
+        from primitives.registry import with_names
+
+        text = name[len(FIXED_PREFIX) :] if name.startswith(FIXED_PREFIX) else name
+        if has_field(context.cfg, "domain.kind") and isinstance(text, str):
+            text = with_names(text, str(config_value(context.cfg, "domain.kind")), context.primitive_names)
+        return cls(text)
 
     def init(self, key) -> tuple:
         return ()
