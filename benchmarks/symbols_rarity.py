@@ -19,7 +19,8 @@ For each level (a preset of configs/symbols_compose.py, or `--config` for anothe
    reference's, or it is not top-class and its score is below that. Reported: the agreement rate.
 
 Writes `<workdir>/symbols_rarity.json` (and `--out`): per level the primitive names, class
-counts, p_top, the trained proposals with class and score, the agreement, and seconds.
+counts, p_top, the trained proposals with class and score, the agreement, and seconds; and
+`<workdir>/<level>/proposals.json`, every proposal with its class.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def measure_level(config: str, proposals: int, train: int, seed: int, workdir: s
     names = build.primitive_names(cfg)
     texts = sample_proposals(cfg, names, proposals, seed, workdir, batch)
     classes = [reward_class(names, text) for text in texts]
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "proposals.json"), "w", encoding="utf-8") as handle:
+        json.dump({"primitives": list(names), "texts": texts, "classes": classes}, handle)
     counts = Counter(classes)
     p_top = counts["top"] / len(texts)
     row = {"config": config, "primitives": list(names), "proposals": len(texts),

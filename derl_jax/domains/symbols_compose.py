@@ -33,6 +33,7 @@ import functools
 import types
 from typing import Any, Mapping, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from derl_jax.config import ConfigError, config_value, int_at_least, is_number
@@ -84,7 +85,7 @@ def make_dataset(strings: Sequence[str], spec: StringSpec, aspects: int) -> Toke
                                                  left_pad=False)
     source, source_mask = tokenizer.encode_batch(list(strings), spec.max_len, left_pad=False)
     context = context_arrays(answer, answer_mask.sum(axis=1), source, source_mask.sum(axis=1))
-    return TokenDataset(prompts=np.asarray(prompts), prompt_mask=np.asarray(prompt_mask), context=context)
+    return TokenDataset(prompts=jnp.asarray(prompts), prompt_mask=jnp.asarray(prompt_mask), context=context)
 
 
 def _field(cfg: Any, name: str, default: Any = None) -> Any:

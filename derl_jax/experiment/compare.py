@@ -171,10 +171,11 @@ def compare_seedwise(cfg: Any, domain: Any, evaluator: Any, workdir: str, seed_b
                      claim: Callable[[str, int], bool], optimizer_factory: OptimizerFactory | None = None,
                      progress: bool = True) -> None:
     """The compare's runs that `claim` grants, each on its seed's base policy `seed_base(seed)`
-    (built only when a run of that seed is claimed); no report."""
+    (built only for a claimed run not yet done); no report."""
     for method in cfg.compare.methods:
         for seed in (int(s) for s in cfg.compare.seeds):
-            if claim(method, seed):
+            done = os.path.exists(os.path.join(method_dir(workdir, method, seed), protocol.METHOD_RESULT_FILE))
+            if claim(method, seed) and not done:
                 protocol.compare(cfg, domain, evaluator, workdir, base_params=seed_base(seed), methods=(method,),
                                  seeds=(seed,), optimizer_factory=optimizer_factory, progress=progress,
                                  claim=lambda m, s: True)
