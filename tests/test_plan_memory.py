@@ -140,11 +140,12 @@ def test_the_logits_term_is_reported_apart_from_the_layers():
     shape = report.PRESETS["math_3b"]()
     sizes = analytic.per_device(shape)
     rows = 64 * 5 // 4                                   # one minibatch of rollouts
-    assert analytic.logits_bytes_estimate(shape) == 3 * rows * 512 * 151_936 * 4
+    assert analytic.logits_bytes_estimate(shape) == 9 * rows * 512 * 151_936   # LOGITS_BYTES_PER_ELEMENT
     assert sizes["logits"] == 8 * analytic.logits_bytes_estimate(shape)        # all 8 candidates in flight
     split = shape.replace(mesh=(1, 2, 4))                                      # rows over 'data', vocabulary over 'model'
-    assert analytic.logits_bytes_estimate(split) == 3 * (rows // 2) * 512 * (151_936 // 4) * 4
+    assert analytic.logits_bytes_estimate(split) == 9 * (rows // 2) * 512 * 151_936 // 4
     planned = report.plan(shape, "h100", fraction=0.75)
     assert planned["logits_bytes"] == sizes["logits"] and planned["meta_bytes"] == sizes["meta"]
-    assert planned["peak_bytes"] == (sizes["params"] + sizes["optimizer"] + sizes["gradients"] + sizes["meta"]
-                                     + max(sizes["kv_cache"], sizes["activations"] + sizes["logits"]))
+    assert planned["peak_bytes"] == (sizes["params"] + sizes["optimizer"] + sizes["meta"]
+                                     + max(sizes["kv_cache"] + sizes["sampling"],
+                                           sizes["gradients"] + sizes["activations"] + sizes["logits"]))

@@ -40,6 +40,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from derl_jax.models.sampling import PREDRAWN_NOISE_MAX_ELEMENTS
 from derl_jax.models.transformer import ModelConfig
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -291,17 +292,16 @@ def _update_rows_per_device(shape: RunShape) -> int:
     return max(shape.update_rows // shape.minibatches // shape.mesh[1], 1)
 
 
-def layer_buffers_bytes(shape: RunShape) -> int:
-    """One decoder layer's activations over a minibatch's rows on one device (L = T_prompt +
-    T_new positions): its q/k/v, MLP gate/up/product widths in the compute dtype and the f32
-    attention scores and probabilities [rows, H, L, L] (heads split over 'model' when it
-    divides them)."""
-    config, model = shape.model, shape.mesh[2]
-    rows, length, act = _update_rows_per_device(shape), shape.prompt_tokens + shape.new_tokens, itemsize(
-        shape.model.dtype)
-    width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim + 3 * config.intermediate_size
+def layer_buffers_bytes(config: ModelConfig, rows: int, queries: int, keys: int, model: int = 1) -> int:
+    """One decoder layer's activations over `rows` rows of `queries` positions reading `keys`
+    positions on one device: q/k/v, the attention output, the MLP's gate, up, activated gate
+    and product, and two hidden-size buffers (norm, residual) in the compute dtype, and the f32
+    attention scores and probabilities [rows, H, queries, keys] (widths and heads split over
+    'model' when it divides them; the hidden-size buffers are not split)."""
+    width = (2 * config.num_heads + 2 * config.num_kv_heads) * config.head_dim + 4 * config.intermediate_size
     heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
-    return rows * length * (width // model) * act + 2 * rows * heads * length * length * 4
+    per_query = (width // model + 2 * config.hidden_size) * itemsize(config.dtype)
+    return rows * queries * per_query + 2 * rows * heads * queries * keys * 4
 
 
 def activation_bytes_estimate(shape: RunShape) -> int:
@@ -312,17 +312,44 @@ def activation_bytes_estimate(shape: RunShape) -> int:
     config = shape.model
     rows, length = _update_rows_per_device(shape), shape.prompt_tokens + shape.new_tokens
     saved = config.num_layers * rows * length * config.hidden_size * itemsize(config.dtype)
-    buffers = layer_buffers_bytes(shape)
+    buffers = layer_buffers_bytes(config, rows, length, length, shape.mesh[2])
     return saved + (buffers if config.remat else config.num_layers * buffers)
 
 
+# Bytes per [rows, T, V] element the update keeps live for its logits: the f32 logits and
+# their gradient plus part of a third buffer; ours, measured from XLA's memory analysis of the
+# compiled update on CPU (2.1 to 2.5 f32 copies for f32 and bf16 compute, docs/scale.md).
+LOGITS_BYTES_PER_ELEMENT = 9
+
+
 def logits_bytes_estimate(shape: RunShape) -> int:
-    """Per candidate and device: the update's f32 logits, log-softmax and their gradient over
-    the whole vocabulary for every completion token of a minibatch (`sequence_logprobs`
-    materialises [rows, T, V]; the vocabulary splits over 'model' when it divides it)."""
+    """Per candidate and device: the update's logits over the whole vocabulary for every
+    completion token of a minibatch (`sequence_logprobs` materialises f32 [rows, T, V] and the
+    backward its gradient; `LOGITS_BYTES_PER_ELEMENT`; the vocabulary splits over 'model' when
+    it divides it)."""
     config, model = shape.model, shape.mesh[2]
     ways = model if config.vocab_size % model == 0 else 1
-    return 3 * _update_rows_per_device(shape) * shape.new_tokens * config.vocab_size * 4 // ways
+    elements = _update_rows_per_device(shape) * shape.new_tokens * config.vocab_size
+    return LOGITS_BYTES_PER_ELEMENT * elements // ways
+
+
+# `sample` draws its Gumbel noise f32[T, N, V] in one call while it has at most
+# PREDRAWN_NOISE_MAX_ELEMENTS elements, else one [N, V] per step; drawing keeps about 4 such f32
+# buffers live (ours, from XLA's memory analysis of the compiled sampler on CPU).
+NOISE_BYTES_PER_ELEMENT = 16
+
+
+def sampling_temp_bytes(shape: RunShape) -> int:
+    """Per candidate and device, besides the KV cache: `sample`'s Gumbel noise and the largest
+    layer of its prefill (the distinct prompts, each reading the whole cache)."""
+    config, cand, data, model = shape.model, *shape.mesh
+    rows = -(-shape.rollouts // data)
+    draws = rows * config.vocab_size
+    if shape.new_tokens * draws <= PREDRAWN_NOISE_MAX_ELEMENTS:
+        draws *= shape.new_tokens
+    prompts = max(rows // shape.prefill_group, 1)
+    prefill = layer_buffers_bytes(config, prompts, shape.prompt_tokens, shape.prompt_tokens + shape.new_tokens, model)
+    return NOISE_BYTES_PER_ELEMENT * draws + prefill
 
 
 def meta_bytes(shape: RunShape) -> int:
@@ -351,8 +378,9 @@ def per_device(shape: RunShape) -> dict[str, int]:
     optimizer: the state of the candidates in flight on the device; gradients: one
     parameter-shaped buffer per candidate in flight; kv_cache: the sampling
     cache of those candidates (rows split over 'data', key/value heads over 'model' when it
-    divides them); activations and logits: `activation_bytes_estimate` and
-    `logits_bytes_estimate` for those candidates; meta: `meta_bytes`.
+    divides them); sampling: `sampling_temp_bytes`, activations and logits:
+    `activation_bytes_estimate` and `logits_bytes_estimate`, all for those candidates;
+    meta: `meta_bytes`.
     """
     config = shape.model
     cand, data, model = shape.mesh
@@ -365,6 +393,7 @@ def per_device(shape: RunShape) -> dict[str, int]:
         "optimizer": optimizer_bytes(config, shape.optimizer, model) * in_flight,
         "gradients": one_policy * in_flight,
         "kv_cache": kv * in_flight,
+        "sampling": sampling_temp_bytes(shape) * in_flight,
         "activations": activation_bytes_estimate(shape) * in_flight,
         "logits": logits_bytes_estimate(shape) * in_flight,
         "meta": meta_bytes(shape),
@@ -378,12 +407,13 @@ def per_device_flops(shape: RunShape) -> dict[str, int]:
 
 
 def peak_bytes_estimate(shape: RunShape) -> int:
-    """Analytic peak per device: parameters, optimizer state, gradients and the
-    Meta-Optimizer, plus the larger of the sampling KV cache and the update's activations and
+    """Analytic peak per device: parameters, optimizer state and the Meta-Optimizer, plus the
+    larger of sampling's KV cache and temporaries and the update's gradients, activations and
     logits."""
     sizes = per_device(shape)
-    resident = sizes["params"] + sizes["optimizer"] + sizes["gradients"] + sizes["meta"]
-    return resident + max(sizes["kv_cache"], sizes["activations"] + sizes["logits"])
+    resident = sizes["params"] + sizes["optimizer"] + sizes["meta"]
+    update = sizes["gradients"] + sizes["activations"] + sizes["logits"]
+    return resident + max(sizes["kv_cache"] + sizes["sampling"], update)
 
 
 def hbm_bytes_estimate(shape: RunShape) -> dict[str, int]:

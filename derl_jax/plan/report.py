@@ -88,6 +88,7 @@ def plan(shape: RunShape, device: str | roofline.Accelerator, compiled: dict | N
         "chunk_size": shape.chunk_size, "num_candidates": shape.num_candidates, "minibatches": shape.minibatches,
         "params_bytes": sizes["params"], "optimizer_bytes": sizes["optimizer"],
         "gradients_bytes": sizes["gradients"], "kv_cache_bytes": sizes["kv_cache"],
+        "sampling_bytes": sizes["sampling"],
         "activations_bytes": activations, "logits_bytes": sizes["logits"], "meta_bytes": sizes["meta"],
         "peak_bytes": peak, "memory_source": source,
         "device_memory_bytes": spec.memory, "memory_fraction": fraction, "usable_bytes": fraction * spec.memory,
@@ -118,7 +119,7 @@ def format_table(plans: Sequence[dict], title: str = "") -> str:
     candidates trained at once; logits are the update's f32 logits term (analytic; inside the
     temps when compiled), meta the Meta-Optimizer's parameters, reference and AdamW state."""
     header = ("| accelerator | devices | mesh (cand, data, model) | chunk | minibatches | params / device | "
-              "optimizer / device | grads / device | KV cache / device | activations/temps / device | "
+              "optimizer / device | grads / device | KV cache + sampling temps / device | activations/temps / device | "
               "logits / device | Meta-Optimizer / device | "
               "peak / usable per device | TFLOP/step per device | roofline step (s) | fits? |")
     lines = ([f"**{title}**", ""] if title else []) + [header, "|" + "---|" * 16]
@@ -128,7 +129,8 @@ def format_table(plans: Sequence[dict], title: str = "") -> str:
             f"| {p['accelerator']} | {p['devices']} | {tuple(p['mesh'])} | {p['chunk_size'] or p['num_candidates']} | "
             f"{p['minibatches']} | "
             f"{gib(p['params_bytes'])} | "
-            f"{gib(p['optimizer_bytes'])} | {gib(p['gradients_bytes'])} | {gib(p['kv_cache_bytes'])} | "
+            f"{gib(p['optimizer_bytes'])} | {gib(p['gradients_bytes'])} | "
+            f"{gib(p['kv_cache_bytes'] + p['sampling_bytes'])} | "
             f"{gib(p['activations_bytes'])} | {gib(p['logits_bytes'])} | {gib(p['meta_bytes'])} | "
             f"{gib(p['peak_bytes'])} / {gib(p['usable_bytes'])} | "
             f"{p['flops_per_device']['total'] / 1e12:.1f} | {p['roofline_seconds']['step']:.2f} | {fit} |")
