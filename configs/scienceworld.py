@@ -3,7 +3,12 @@ and `pip install 'derl_jax[agents]'`).
 
 Presets (`--config=configs/scienceworld.py:<preset>`):
 
-  default  the paper's settings (Section 3.2, Appendix B): Qwen2.5-1.5B-Instruct policy and
+  default  the paper's setup (Section 3.2, Appendix B) where it states one, ours elsewhere: a
+           Qwen2.5-1.5B-Instruct policy prompted as the field prompts agents (chat template, task,
+           recent history, admissible actions, RLVMR's reasoning tags, <action> tags;
+           derl_jax/domains/agent_prompt.py) and cold-started on expert turns written that way
+           (policy.sft_*: 200 steps at 1e-5, 32 turns a step, 10% harmless detours: ours, the
+           paper gives no cold-start settings), a
            Qwen2.5-0.5B-Instruct Meta-Optimizer from local directories (its training settings
            and sampling temperature 0.7 from the authors' scripts, and its grammar in the
            paper's operator set: configs/common.py META_HF, PAPER_GRAMMAR), 8 rewards per outer
@@ -107,11 +112,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def default() -> ml_collections.ConfigDict:
     domain = {"kind": "scienceworld", "tasks": ALL_TASKS, "level": "L0", "held_out_tasks": L2_HELD_OUT,
               "num_train": 0, "num_test": 0, "split_seed": 0, "simplifications": "easy", "max_turns": 50, "history": 2,
-              "obs_length": 256, "action_length": 128, "description_length": 255, "num_workers": 16,
+              "obs_length": 256, "action_length": 128, "description_length": 255, "admissible_length": 256,
+              "num_workers": 16,
               "self_guide": False, "self_rewards": (0.1, 0.0, -0.1)}
     policy = {"checkpoint": "/models/Qwen2.5-1.5B-Instruct", "tokenizer": "", "param_dtype": "float32",
-              "compute_dtype": "bfloat16", "remat": True, **common.QWEN25_1_5B_SHAPE, "sft_steps": 0, "sft_lr": 3e-3,
-              "sft_batch_size": 64, "sft_perturb_rate": 0.3}
+              "compute_dtype": "bfloat16", "remat": True, **common.QWEN25_1_5B_SHAPE, "prompt_style": "auto",
+              "sft_steps": 200, "sft_lr": 1e-5, "sft_batch_size": 32, "sft_perturb_rate": 0.1}
     cfg = common.base("scienceworld", domain, policy)
     cfg.inner.update(steps=80, prompts_per_step=16, group_size=8, lr=1e-6, kl=0.01, minibatches=8, eval_batch_size=64)
     common.hf_meta(cfg, "/models/Qwen2.5-0.5B-Instruct")
@@ -139,7 +145,8 @@ def tiny() -> ml_collections.ConfigDict:
     cfg.domain.update(tasks=("find-non-living-thing",), held_out_tasks=(), num_train=5, num_test=2, max_turns=5,
                       history=1, obs_length=48, action_length=12, description_length=40, num_workers=1)
     cfg.policy.update(checkpoint="", tokenizer="", param_dtype="float32", compute_dtype="float32", remat=False,
-                      **common.TOY_MODEL, head_dim=16, sft_steps=40, sft_lr=1e-2, sft_batch_size=16)
+                      **common.TOY_MODEL, head_dim=16, sft_steps=40, sft_lr=1e-2, sft_batch_size=16,
+                      sft_perturb_rate=0.3)
     cfg.inner.update(prompts_per_step=2, group_size=2, lr=3e-4, kl=0.0, minibatches=1, eval_batch_size=8)
     return cfg
 

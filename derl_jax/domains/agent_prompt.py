@@ -195,7 +195,7 @@ class AgentPrompt:
 
     def task_text(self, task: str) -> str:
         """The text of the task prompt (chat header, task, history header)."""
-        task = task.strip().rstrip(".")
+        task = re.sub(r"^\s*(task description:\s*)?(your task is to:?\s*)?", "", task.strip(), flags=re.I).rstrip(".")
         return f"{self.head}You are an expert agent playing {WORLDS[self.world]}. Your task is to: {task}.{HISTORY_HEADER}"
 
     def task_ids(self, task: str) -> list[int]:

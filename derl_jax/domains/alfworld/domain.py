@@ -39,7 +39,7 @@ import numpy as np
 import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
                              optional_fraction)
-from derl_jax.domains import selfguide
+from derl_jax.domains import agent_prompt, selfguide
 from derl_jax.domains.alfworld import problems as P
 from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import game_logic
@@ -54,6 +54,7 @@ from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 
 DEFAULT_PERTURB_RATE = 0.3
+DEFAULT_ADMISSIBLE_LENGTH = 256   # ours: tokens of the admissible-actions line of an agent prompt
 VERBS = "go to take from move to open close use heat clean cool with examine look inventory"
 _ENTITY = re.compile(r"^\s*(\w+?)_bar_\S*\s+-\s+(?:object|receptacle)\s*$", re.MULTILINE)
 
@@ -98,8 +99,14 @@ def make_dataset(games: Sequence[P.GameSpec], first: int, vocab, description_len
                         context={"game": np.arange(first, first + len(games), dtype=np.int32)})
 
 
-def make_alfworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
-    """The ALFWorld Domain of config block `cfg` (`config.domain`); starts the worker processes."""
+def make_alfworld_domain(cfg: Any, tokenizer_dir: str = "", agent: bool = False) -> Domain:
+    """The ALFWorld Domain of config block `cfg` (`config.domain`); starts the worker processes.
+    With `agent` (a pretrained policy; `tokenizer_dir` its tokenizer) the agent prompt
+    (`derl_jax.domains.agent_prompt`): rows of obs_length + admissible_length tokens, answers of
+    action_length tokens, task prompts in the chat template, and the planner's turns written in
+    it as the cold-start corpus."""
+    if agent:
+        return make_agent_domain(cfg, tokenizer_dir)
     kinds, held_out = tuple(cfg.kinds), tuple(cfg.get("held_out_kinds", ()))
     train, test = level_games(str(cfg.level), kinds, held_out, int(cfg.num_train), int(cfg.num_test),
                               str(cfg.get("data_dir", "") or ""), int(cfg.get("split_seed", 0)))
@@ -136,6 +143,61 @@ def make_alfworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
     return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
 
 
+def make_agent_domain(cfg: Any, tokenizer_dir: str) -> Domain:
+    """The agent-prompt ALFWorld Domain (`make_alfworld_domain` with `agent`)."""
+    kinds, held_out = tuple(cfg.kinds), tuple(cfg.get("held_out_kinds", ()))
+    train, test = level_games(str(cfg.level), kinds, held_out, int(cfg.num_train), int(cfg.num_test),
+                              str(cfg.get("data_dir", "") or ""), int(cfg.get("split_seed", 0)))
+    table = agent_prompt.load_table(tokenizer_dir, P.KINDS)
+    prompt = agent_prompt.AgentPrompt(table, "alfworld", int(cfg.obs_length),
+                                      int(cfg.get("admissible_length", DEFAULT_ADMISSIBLE_LENGTH)),
+                                      selfguide.enabled(cfg), int(cfg.action_length))
+    env = AlfWorldEnv(train + test, int(cfg.num_workers), vocab=table, obs_length=int(cfg.obs_length),
+                      action_length=int(cfg.action_length), max_turns=int(cfg.max_turns),
+                      self_guide=selfguide.enabled(cfg), self_rewards=selfguide.self_rewards(cfg), prompt=prompt)
+    atexit.register(env.close)
+
+    def dataset(games: Sequence[P.GameSpec], first: int) -> TokenDataset:
+        ids = [prompt.task_ids(g.goal) for g in games]
+        prompts, mask = table.encode_batch(ids, max(len(i) for i in ids), left_pad=True)
+        return TokenDataset(prompts=prompts, prompt_mask=mask,
+                            context={"game": np.arange(first, first + len(games), dtype=np.int32)})
+
+    domain = Domain(
+        name="alfworld", primitives=registry.resolve("agent", selfguide.primitive_names(AGENT_PRIMITIVES, cfg)),
+        outcome_index=0, train=dataset(train, 0), test=dataset(test, len(train)), tokenizer=table,
+        max_new_tokens=env.action_length, eos_id=table.eos_id, pad_id=table.pad_id, rollout="env", env=env,
+        history=int(cfg.history),
+        info={"level": str(cfg.level), "kinds": list(kinds), "held_out_kinds": list(held_out),
+              "data_dir": expand_data_dir(cfg.get("data_dir", "")), "prompt_style": "agent",
+              "train_games": [[g.kind, g.goal] for g in train], "test_games": [[g.kind, g.goal] for g in test],
+              "vocab_size": table.vocab_size},
+    )
+    return dataclasses.replace(domain, corpus=functools.partial(agent_corpus, domain))
+
+
+def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                 ) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids): the planner's turns of each training row except `holdout_rows`
+    in the agent prompt (`scienceworld.corpus.play_agent`)."""
+    rate, keep = sw_corpus.corpus_rows("alfworld", domain.train.size, holdout_rows, options, DEFAULT_PERTURB_RATE)
+    env, games = domain.env, domain.train.context["game"]
+
+    def play_rows(worker: int) -> list[list[tuple[list[int], list[int]]]]:
+        expert = ExpertGame(env, worker)
+        return [sw_corpus.play_agent(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate,
+                                     env.prompt, window=domain.history, max_turns=env.max_turns,
+                                     phrasing=rules.PHRASING, self_guide=env.self_guide)
+                for row in keep[worker::env.workers.size]]
+
+    with ThreadPoolExecutor(env.workers.size) as pool:
+        per_worker = list(pool.map(play_rows, range(env.workers.size)))
+    episodes = [None] * len(keep)
+    for worker, played in enumerate(per_worker):
+        episodes[worker::env.workers.size] = played
+    return [pair for episode in episodes for pair in episode]
+
+
 class ExpertGame:
     """One game played with the planner, behind the engine interface `scienceworld.corpus.play`
     uses: `load(kind, game)` starts game `game` of the env, `gold_actions()` is the planner's plan
@@ -155,6 +217,9 @@ class ExpertGame:
 
     def gold_actions(self) -> list[str]:
         return self.env.workers.run(self.worker, [("plan", self.slot)])[0]
+
+    def admissible(self) -> list[str]:
+        return self.env.workers.run(self.worker, [("admissible", self.slot)])[0]
 
     def vocabulary(self) -> set[str]:
         return entity_names(self.game)
@@ -213,6 +278,9 @@ def validate_alfworld_config(cfg: Any) -> None:
         raise ConfigError(f"config.domain.kinds must be a tuple of distinct ALFWorld task kinds of {P.KINDS}, got {kinds!r}")
     held_out_split(cfg, "domain.kinds", "domain.held_out_kinds", "kinds")
     selfguide.validate_fields(cfg)
+    agent_prompt.validate_prompt_fields(cfg)
+    if "admissible_length" in config_value(cfg, "domain"):
+        int_at_least(cfg, "domain.admissible_length", 16)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     try:
         require_engine()
@@ -230,4 +298,4 @@ def validate_alfworld_config(cfg: Any) -> None:
 @register_domain("alfworld", primitive_names=lambda cfg: selfguide.primitive_names(AGENT_PRIMITIVES, cfg.domain),
                  validate=validate_alfworld_config)
 def build_alfworld_domain(cfg: Any) -> Domain:
-    return make_alfworld_domain(cfg.domain, tokenizer_directory(cfg))
+    return make_alfworld_domain(cfg.domain, tokenizer_directory(cfg), agent_prompt.agent_style(cfg))

@@ -12,6 +12,7 @@ planner runs after every step, so only the warm-start corpus asks for it).
     ("step", slot, command, last) -> (observation, won)       (last: the episode ends after it)
     ("stop", slot)                -> None
     ("plan", slot)                -> the planner's plan from the current state (expert games)
+    ("admissible", slot)          -> the commands the engine admits now ([] once the game stopped)
 
 and keeps a loaded game per source for reuse (a reset re-reads only the problem). `Workers`
 runs one host in this process (`num_workers=0`) or one per worker process (started here with
@@ -58,7 +59,8 @@ class Game:
         from textworld.envs.pddl import PddlEnv
 
         self.expert = expert
-        self._env = AlfredDemangler(PddlEnv(textworld.EnvInfos(won=True, policy_commands=expert)))
+        self._env = AlfredDemangler(PddlEnv(textworld.EnvInfos(won=True, policy_commands=expert,
+                                                               admissible_commands=True)))
         self._env.load(source)
         self._state = None
 
@@ -71,6 +73,10 @@ class Game:
         """(observation, won) after `command` ("Nothing happens." when the engine has no such action)."""
         self._state, _, _ = self._env.step(command)
         return str(self._state["feedback"]), bool(self._state["won"])
+
+    def admissible(self) -> list[str]:
+        """The commands the engine admits in the current state."""
+        return [str(command) for command in (self._state or {}).get("admissible_commands") or []]
 
     def plan(self) -> list[str]:
         """The planner's commands from the current state to the goal (an expert game only)."""
@@ -111,6 +117,9 @@ class GameHost:
 
     def _plan(self, slot: int) -> list[str]:
         return self._live[slot][1].plan()
+
+    def _admissible(self, slot: int) -> list[str]:
+        return self._live[slot][1].admissible() if slot in self._live else []
 
 
 class Workers:

@@ -36,12 +36,14 @@ import numpy as np
 
 from derl_jax.config import InputError
 from derl_jax.domains import selfguide
+from derl_jax.domains.agent_prompt import AgentPrompt, AnswerCounts, parse_answer
 from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import Workers, engine_missing
 from derl_jax.domains.alfworld.problems import GameSpec
 from derl_jax.domains.scienceworld import tags as T
 
 NOTHING = "Nothing happens."
+ECHO_WORDS = 12   # a row names the action taken by its first words only (a malformed answer can be long)
 
 
 class EngineMissing(InputError):
@@ -63,6 +65,7 @@ class Episode:
     slot: int
     worker: int
     tracker: T.TagTracker
+    admissible: list = dataclasses.field(default_factory=list)   # the engine's commands now (agent prompt)
     won: bool = False
     done: bool = False
     turn: int = 0
@@ -75,12 +78,15 @@ class AlfWorldEnv:
 
     def __init__(self, games: Sequence[GameSpec], num_workers: int, *, vocab, obs_length: int = 128,
                  action_length: int = 16, max_turns: int = 30, describe_task: bool = False, self_guide: bool = False,
-                 self_rewards: Sequence[float] = selfguide.DEFAULT_SELF_REWARDS):
+                 self_rewards: Sequence[float] = selfguide.DEFAULT_SELF_REWARDS, prompt: AgentPrompt | None = None):
         require_engine()   # before any process starts: one clear message when the package is missing
         self.self_guide, self.self_rewards = bool(self_guide), selfguide.checked_rewards(self_rewards)
         self.games = list(games)
         self.vocab, self.describe_task = vocab, describe_task
         self.obs_length, self.action_length, self.max_turns = obs_length, action_length, max_turns
+        self.prompt, self.counts = prompt, AnswerCounts()
+        if prompt is not None:   # rows of the agent prompt (derl_jax.domains.agent_prompt)
+            self.obs_length, self.prompt_layout = prompt.row_length, prompt.layout
         self.workers = Workers([g.source for g in self.games], num_workers)
         self._slots = itertools.count()
 
@@ -95,6 +101,11 @@ class AlfWorldEnv:
         episodes = [Episode(int(g), next(self._slots), b % self.workers.size, T.TagTracker(phrasing=rules.PHRASING))
                     for b, g in enumerate(games)]
         texts = self._run([(e.worker, ("start", e.slot, e.game, False)) for e in episodes])
+        if self.prompt is not None:
+            admissible = self._run([(e.worker, ("admissible", e.slot)) for e in episodes])
+            for episode, commands in zip(episodes, admissible):
+                episode.admissible = commands
+            return np.stack([self.prompt.row(None, self.first_observation(t), a) for t, a in zip(texts, admissible)]), episodes
         return np.stack([self.vocab.encode(self.first_observation(t), self.obs_length) for t in texts]), episodes
 
     def _run(self, calls: Sequence[tuple[int, tuple]]) -> list:
@@ -114,9 +125,17 @@ class AlfWorldEnv:
         actions = np.asarray(actions)
         if actions.shape != (len(states), self.action_length):
             raise ValueError(f"step: actions must be int [{len(states)}, {self.action_length}], got {actions.shape}")
-        read = [selfguide.read_action(self.vocab.decode(row), self.self_guide) for row in actions]
-        parsed = [T.split_tag(text) for _, text in read]
         live = np.array([not episode.done for episode in states])
+        if self.prompt is None:
+            read = [selfguide.read_action(self.vocab.decode(row), self.self_guide) for row in actions]
+            parsed = [T.split_tag(text) for _, text in read]
+        else:   # an answer of the agent prompt: its tag and action; a malformed one goes to the engine as it is
+            answers = [parse_answer(self.vocab.decode(row)) for row in actions]
+            for answer, episode, alive in zip(answers, states, live):
+                if alive:
+                    self.counts.add(answer, episode.admissible)
+            read = [(answer.assessment, answer.action) for answer in answers]
+            parsed = [(answer.kind, answer.action) for answer in answers]
         calls = []   # (row, worker, operation)
         for b, (episode, (tag, command)) in enumerate(zip(states, parsed)):
             if episode.done:
@@ -127,20 +146,29 @@ class AlfWorldEnv:
             elif last:
                 calls.append((b, episode.worker, ("stop", episode.slot)))
         results = self._run([(worker, op) for _, worker, op in calls])
-        answers = {b: result for (b, _, op), result in zip(calls, results) if op[0] == "step"}
+        answers_of = {b: result for (b, _, op), result in zip(calls, results) if op[0] == "step"}
         obs = np.full((len(states), self.obs_length), self.vocab.pad_id, np.int32)
         reward, step_score, valid = (np.zeros(len(states), np.float32) for _ in range(3))
         for b, (episode, (tag, command)) in enumerate(zip(states, parsed)):
             if episode.done:
                 continue
-            observation, won = answers.get(b, (NOTHING, False))
+            observation, won = answers_of.get(b, (NOTHING, False))
             spec = self.games[episode.game]
             achieved = rules.subgoal(spec.kind, spec.obj, spec.recep, spec.toggle, observation)
-            step_score[b] = T.score_step(episode.tracker, tag if b in answers else None, command, observation, achieved)
+            step_score[b] = T.score_step(episode.tracker, tag if b in answers_of else None, command, observation,
+                                         achieved)
             episode.turn, episode.won = episode.turn + 1, won
             episode.done = won or episode.turn >= self.max_turns
             reward[b], valid[b] = float(won), float(not T.failed(observation))
-            obs[b] = self.vocab.encode(observation, self.obs_length)
+            if self.prompt is None:
+                obs[b] = self.vocab.encode(observation, self.obs_length)
+        if self.prompt is not None:
+            live_rows = [b for b, episode in enumerate(states) if live[b]]
+            admissible = self._run([(states[b].worker, ("admissible", states[b].slot)) for b in live_rows])
+            for b, commands in zip(live_rows, admissible):
+                states[b].admissible = commands
+                observation = answers_of.get(b, (NOTHING, False))[0]
+                obs[b] = self.prompt.row(" ".join(parsed[b][1].split()[:ECHO_WORDS]), observation, commands)
         success = np.array([float(e.won) for e in states], np.float32)
         info = {"step_score": step_score, "success": success, "score": success.copy(), "valid": valid}
         if self.self_guide:

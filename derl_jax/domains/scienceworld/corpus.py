@@ -110,3 +110,44 @@ def play(worker, task: str, variation: int, seed: int, perturb_rate: float, voca
 
 def _ids(row: np.ndarray, vocab: Vocabulary) -> list[int]:
     return [int(i) for i in row if i != vocab.pad_id]
+
+
+def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float, prompt, *, window: int,
+               max_turns: int, simplifications: str = "easy", phrasing: T.Phrasing = T.SCIENCEWORLD,
+               self_guide: bool = False) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) per turn of one perturbed gold episode in the agent prompt
+    (`derl_jax.domains.agent_prompt`) of a pretrained policy: the task prompt, then the last
+    `window` observation rows (`AgentPrompt.row`: the action taken, the engine's answer, the
+    actions it admits now, `worker.admissible()`) and the prompt's tail, exactly as the rollout
+    writes them; the answer holds the tag that agrees with the step (`correct_tag`), a short
+    reasoning and the action (`agent_prompt.write_answer`), with the expert's assessment
+    sentence first under Self-Guide. Before each gold action, with probability `perturb_rate`,
+    a harmless admissible action (look, inventory, examine) is taken instead; the gold action
+    follows. Turns whose answer would not fit the policy's answer length are played, not kept."""
+    from derl_jax.domains.agent_prompt import write_answer
+
+    rng = np.random.default_rng([int(seed), int(variation), sum(map(ord, task))])
+    worker.load(task, variation, simplifications, gold_path=True)
+    gold = worker.gold_actions()
+    task_ids = prompt.task_ids(worker.task_description())
+    first = worker.reset(describe_task=False)
+    rows = [prompt.row(None, first, worker.admissible())]
+    tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
+    score, pairs, assessment = 0.0, [], selfguide.NEUTRAL
+    plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
+    for step in plan[:max_turns]:
+        if step is None:
+            harmless = [a for a in worker.admissible() if a.split()[:1] in (["look"], ["inventory"], ["examine"])]
+            step = harmless[rng.integers(len(harmless))] if harmless else HARMLESS[0]
+        observation, new_score, completed = worker.step(step)
+        kind = correct_tag(tracker, step, observation)
+        T.score_step(tracker, kind, step, observation, new_score > score)
+        answer = prompt.table.tokens(write_answer(kind, step, assessment if self_guide else None))
+        if not prompt.answer_length or len(answer) < prompt.answer_length:
+            pairs.append((task_ids + prompt.window_ids(rows[-window:]), answer))
+        assessment = selfguide.assessment_after(new_score - score, tracker.last_failed)
+        score = new_score
+        rows.append(prompt.row(step, observation, [] if completed else worker.admissible()))
+        if completed:
+            break
+    return pairs

@@ -38,7 +38,7 @@ import numpy as np
 import primitives.agent  # noqa: F401  (registers the agent primitives)
 from derl_jax.config import (ConfigError, InputError, choice, config_value, int_at_least, held_out_split,
                              optional_fraction)
-from derl_jax.domains import selfguide
+from derl_jax.domains import agent_prompt, selfguide
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.registry import register_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
@@ -49,6 +49,7 @@ from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 
 DEFAULT_PERTURB_RATE = 0.3
+DEFAULT_ADMISSIBLE_LENGTH = 256   # ours: tokens of the admissible-actions line of an agent prompt
 SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
                    "noElectricalAction")
 
@@ -76,16 +77,16 @@ def make_dataset(descriptions: Sequence[str], rows: dict[str, np.ndarray], vocab
                         context={"task": np.asarray(rows["task"], np.int32), "variation": np.asarray(rows["variation"], np.int32)})
 
 
-def tokenizer_directory(cfg: Any) -> str:
-    """The policy's tokenizer directory: policy.tokenizer, else policy.checkpoint ("" = word vocabulary)."""
-    policy = config_value(cfg, "policy")
-    return str(policy.get("tokenizer", "") or "").strip() or str(policy.get("checkpoint", "") or "").strip()
+tokenizer_directory = agent_prompt.tokenizer_directory
 
 
-def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
+def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "", agent: bool = False) -> Domain:
     """The ScienceWorld Domain of config block `cfg` (`config.domain`); starts the JVMs. Token ids
     are the policy's tokenizer's when `tokenizer_dir` names one (subword.py), else the word
-    vocabulary built from the survey."""
+    vocabulary built from the survey. With `agent` (a pretrained policy) the agent prompt
+    (`derl_jax.domains.agent_prompt`): rows of obs_length + admissible_length tokens, answers of
+    action_length tokens, task prompts in the chat template, and the gold paths' turns written in
+    it as the cold-start corpus."""
     from derl_jax.domains.scienceworld.env import ScienceWorldEnv
 
     tasks, simplifications, self_guide = tuple(cfg.tasks), str(cfg.simplifications), selfguide.enabled(cfg)
@@ -105,7 +106,13 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
     except BaseException:
         env.close()
         raise
-    if tokenizer_dir:
+    if agent:
+        env.vocab = agent_prompt.load_table(tokenizer_dir, tasks)
+        env.prompt = agent_prompt.AgentPrompt(env.vocab, "scienceworld", int(cfg.obs_length),
+                                              int(cfg.get("admissible_length", DEFAULT_ADMISSIBLE_LENGTH)),
+                                              self_guide, int(cfg.action_length))
+        env.obs_length, env.prompt_layout = env.prompt.row_length, env.prompt.layout
+    elif tokenizer_dir:
         from derl_jax.domains.scienceworld.subword import SubwordTable
         from derl_jax.models.hf_tokenizer import HFTokenizer
 
@@ -114,6 +121,8 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
         env.vocab = Vocabulary(set().union(*(met for _, met in surveyed)), tasks, assessments=self_guide)
     descriptions = [description for description, _ in surveyed]
     length = int(cfg.description_length)
+    if agent:
+        return agent_domain(cfg, env, descriptions, train, test)
     domain = Domain(
         name="scienceworld",
         primitives=registry.resolve("agent", selfguide.primitive_names(AGENT_PRIMITIVES, cfg)),
@@ -133,6 +142,46 @@ def make_scienceworld_domain(cfg: Any, tokenizer_dir: str = "") -> Domain:
               "vocab_size": env.vocab.vocab_size, "description_length": length},
     )
     return dataclasses.replace(domain, corpus=functools.partial(supervised_corpus, domain))
+
+
+def agent_domain(cfg: Any, env, descriptions: Sequence[str], train: dict, test: dict) -> Domain:
+    """The agent-prompt ScienceWorld Domain (`make_scienceworld_domain` with `agent`)."""
+    def dataset(texts: Sequence[str], rows: dict) -> TokenDataset:
+        ids = [env.prompt.task_ids(text) for text in texts]
+        prompts, mask = env.vocab.encode_batch(ids, max(len(i) for i in ids), left_pad=True)
+        return TokenDataset(prompts=prompts, prompt_mask=mask, context={
+            "task": np.asarray(rows["task"], np.int32), "variation": np.asarray(rows["variation"], np.int32)})
+
+    count = len(train["task"])
+    domain = Domain(
+        name="scienceworld", primitives=registry.resolve("agent", selfguide.primitive_names(AGENT_PRIMITIVES, cfg)),
+        outcome_index=0, train=dataset(descriptions[:count], train), test=dataset(descriptions[count:], test),
+        tokenizer=env.vocab, max_new_tokens=env.action_length, eos_id=env.vocab.eos_id, pad_id=env.vocab.pad_id,
+        rollout="env", env=env, history=int(cfg.history),
+        info={"level": str(cfg.level), "tasks": list(env.task_names), "prompt_style": "agent",
+              "held_out_tasks": list(cfg.get("held_out_tasks", ())),
+              "train_variations": {k: v.tolist() for k, v in train.items()},
+              "test_variations": {k: v.tolist() for k, v in test.items()}, "vocab_size": env.vocab.vocab_size},
+    )
+    return dataclasses.replace(domain, corpus=functools.partial(agent_corpus, domain))
+
+
+def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
+                 ) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids): the perturbed gold path's turns of each training row except
+    `holdout_rows` in the agent prompt (corpus.play_agent)."""
+    rate, keep = sw_corpus.corpus_rows("scienceworld", domain.train.size, holdout_rows, options, DEFAULT_PERTURB_RATE)
+    env, context = domain.env, domain.train.context
+
+    def play(b: int) -> list[tuple[list[int], list[int]]]:
+        row = keep[b]
+        return sw_corpus.play_agent(env.workers[b % len(env.workers)], env.task_names[int(context["task"][row])],
+                                    int(context["variation"][row]), int(seed), rate, env.prompt, window=domain.history,
+                                    max_turns=env.max_turns, simplifications=env.simplifications,
+                                    self_guide=env.self_guide)
+
+    episodes = env.per_worker(play, [b % len(env.workers) for b in range(len(keep))])
+    return [pair for episode in episodes for pair in episode]
 
 
 def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
@@ -172,6 +221,9 @@ def validate_scienceworld_config(cfg: Any) -> None:
                           f"got {simplifications!r}")
     held_out_split(cfg, "domain.tasks", "domain.held_out_tasks", "tasks")
     selfguide.validate_fields(cfg)
+    agent_prompt.validate_prompt_fields(cfg)
+    if "admissible_length" in config_value(cfg, "domain"):
+        int_at_least(cfg, "domain.admissible_length", 16)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     try:
         require_engine()
@@ -187,4 +239,4 @@ def validate_scienceworld_config(cfg: Any) -> None:
 @register_domain("scienceworld", primitive_names=lambda cfg: selfguide.primitive_names(AGENT_PRIMITIVES, cfg.domain),
                  validate=validate_scienceworld_config)
 def build_scienceworld_domain(cfg: Any) -> Domain:
-    return make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg))
+    return make_scienceworld_domain(cfg.domain, tokenizer_directory(cfg), agent_prompt.agent_style(cfg))

@@ -81,6 +81,10 @@ class Worker:
         """Every action the engine would accept now (slow: enumerates objects x templates)."""
         return list(self._server.getValidActionObjectCombinations())
 
+    def admissible(self) -> list[str]:
+        """`valid_actions`, the list an agent prompt shows (`derl_jax.domains.agent_prompt`)."""
+        return self.valid_actions()
+
     def gold_actions(self) -> list[str]:
         """The engine's gold action sequence of the task loaded with `gold_path=True`."""
         return list(self._server.getGoldActionSequence())

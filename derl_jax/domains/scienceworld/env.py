@@ -36,9 +36,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from derl_jax.domains import selfguide
+from derl_jax.domains.agent_prompt import AgentPrompt, AnswerCounts, parse_answer
 from derl_jax.domains.scienceworld import tags as T
 from derl_jax.domains.scienceworld.engine import Worker, require_engine
 from derl_jax.domains.scienceworld.vocab import Vocabulary, build_vocabulary
+
+ECHO_WORDS = 12   # a row names the action taken by its first words only (a malformed answer can be long)
 
 
 @dataclasses.dataclass
@@ -53,6 +56,7 @@ class Episode:
     score: float = 0.0
     done: bool = False
     turn: int = 0
+    admissible: list = dataclasses.field(default_factory=list)   # the engine's valid actions now (agent prompt)
 
 
 class ScienceWorldEnv:
@@ -63,7 +67,7 @@ class ScienceWorldEnv:
     def __init__(self, task_names: Sequence[str], num_workers: int, *, vocab: Vocabulary | None = None,
                  obs_length: int = 128, action_length: int = 16, max_turns: int = 30, simplifications: str = "easy",
                  describe_task: bool = True, self_guide: bool = False,
-                 self_rewards: Sequence[float] = selfguide.DEFAULT_SELF_REWARDS):
+                 self_rewards: Sequence[float] = selfguide.DEFAULT_SELF_REWARDS, prompt: AgentPrompt | None = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.self_guide, self.self_rewards = bool(self_guide), selfguide.checked_rewards(self_rewards)
@@ -71,6 +75,9 @@ class ScienceWorldEnv:
         self.task_names = tuple(task_names)
         self.obs_length, self.action_length, self.max_turns = obs_length, action_length, max_turns
         self.simplifications, self.describe_task = simplifications, describe_task
+        self.prompt, self.counts = prompt, AnswerCounts()
+        if prompt is not None:   # rows of the agent prompt (derl_jax.domains.agent_prompt)
+            self.obs_length, self.prompt_layout = prompt.row_length, prompt.layout
         self._pool = ThreadPoolExecutor(num_workers)
         self.workers: list[Worker] = list(self._pool.map(lambda _: Worker(step_limit=max_turns + 1), range(num_workers)))
         unknown = [name for name in self.task_names if name not in self.workers[0].task_names]
@@ -101,6 +108,9 @@ class ScienceWorldEnv:
             if location:
                 tracker.visited.add(location)
             episode = Episode(name, int(variations[b]), tracker, b % len(self.workers), games[b])
+            if self.prompt is not None:
+                episode.admissible = games[b].valid_actions()
+                return self.prompt.row(None, observation, episode.admissible), episode
             return self.vocab.encode(observation, self.obs_length), episode
 
         started = self.per_worker(start, [b % len(self.workers) for b in range(batch)])
@@ -126,8 +136,13 @@ class ScienceWorldEnv:
             episode = states[b]
             if episode.done:
                 return np.full(self.obs_length, self.vocab.pad_id, np.int32), 0.0, 0.0, 0.0, -1
-            assessment, text = selfguide.read_action(self.vocab.decode(actions[b]), self.self_guide)
-            tag, action = T.split_tag(text)
+            if self.prompt is None:
+                assessment, text = selfguide.read_action(self.vocab.decode(actions[b]), self.self_guide)
+                tag, action = T.split_tag(text)
+            else:   # an answer of the agent prompt; a malformed one goes to the engine as it is
+                answer = parse_answer(self.vocab.decode(actions[b]))
+                self.counts.add(answer, episode.admissible)
+                assessment, tag, action = answer.assessment, answer.kind, answer.action
             observation, score, completed = episode.game.step(action) if action else ("No known action matches that input.",
                                                                                        episode.score, False)
             step_score = T.score_step(episode.tracker, tag, action, observation, score > episode.score)
@@ -137,6 +152,10 @@ class ScienceWorldEnv:
             if episode.done:
                 self._idle[episode.worker].append(episode.game)
             valid = float(not T.failed(observation))
+            if self.prompt is not None:
+                episode.admissible = [] if episode.done else episode.game.valid_actions()
+                row = self.prompt.row(" ".join(action.split()[:ECHO_WORDS]), observation, episode.admissible)
+                return row, reward, step_score, valid, assessment
             return self.vocab.encode(observation, self.obs_length), reward, step_score, valid, assessment
 
         live = np.array([not episode.done for episode in states])
