@@ -91,7 +91,7 @@ def e2_repeated_final(results: Mapping[str, Sequence[MethodResult]], method: str
     by_seed = {m: {r.seed: repeated_test(r) for r in results[m]} for m in (method, baseline)}
     keys = sorted({len(getattr(r, "final_repeat_tests", None) or [0]) for m in (method, baseline) for r in results[m]})
     found = stats.t_test([by_seed[method][s] - by_seed[baseline][s] for s in seeds])
-    return {"endpoint": name, "measured_as": f"{method} − {baseline}, {'/'.join(map(str, keys))} keys per seed, "
+    return {"endpoint": name, "measured_as": f"{method} − {baseline}, {'/'.join(map(str, keys))} key{'s' if keys != [1] else ''} per seed, "
             "Student-t over seeds", **found, "verdict": stats.verdict(found)}
 
 
