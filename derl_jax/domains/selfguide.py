@@ -14,6 +14,13 @@ internal reward r_sg_t (`self_rewards`, default +0.1 / 0 / -0.1) as info["self_r
 action without the word is malformed (it does nothing and its self-reward is 0). The domain
 then has the primitive `g_sg` (primitives/selfguide.py), the episode's summed self-reward.
 The warm-start corpora write the expert's word by the rule above (`assess`).
+
+A pretrained policy (the agent prompt, `derl_jax.domains.agent_prompt`) writes the assessment in
+words instead: one sentence inside `<assess>…</assess>` ending in a verdict, "Verdict:
+progress." / "Verdict: no change." / "Verdict: setback." (progress+ / progress= / progress-),
+before its reasoning and action. The environment reads the verdict (`agent_prompt.read_verdict`)
+and rewards it as above; a malformed assessment (none, two, or no verdict at its end) earns 0
+and the action still runs. The three-word form stays for scratch word-level policies.
 """
 
 from __future__ import annotations

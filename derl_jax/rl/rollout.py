@@ -36,6 +36,10 @@ Multi-turn prompts (turn t of an episode) depend on `Domain.history`:
       window and action after it
       (`streams.prefixed_logprobs`): update rows prefix i32[N, Tp] / prefix_mask, blocks
       i32[N, S, H] / block_mask (the window tokens, packed to the right, H = `window_width`).
+      An environment that declares an agent layout (`derl_jax.domains.agent_prompt`, a
+      pretrained policy's prompt) keeps the raw answers out of the window, shows its rows'
+      admissible-actions part for the newest slot only and closes every window with the
+      prompt's fixed tail (`domains.env.window_history`).
   "full"  the whole episode so far: the task, o_0, then a_0 o_1 a_1 o_2 ... a_{t-1} o_t, as one
       token stream per episode that is read once (`stream_episodes`): each observation and
       each action is appended to the episode's KV cache (`streams.Stream`) and never run
