@@ -57,7 +57,11 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              anneal_start, fractions of inner training (derl_jax/selfguide.py)
   policy.*   the policy model and its warm start on the perturbed expert's turns:
              sft_perturb_rate (share of random actions), sft_extra_tasks (fresh training tasks
-             played for the corpus besides the training split)
+             played for the corpus besides the training split); checkpoint / tokenizer (a
+             pretrained policy: the agent prompt of derl_jax/domains/agent_prompt.py, with the
+             domain's obs_length / admissible_length / answer_length, and sft_steps > 0 its cold
+             start on the expert's turns in that prompt), prompt_style ("auto" | "agent" |
+             "compact")
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ def default() -> ml_collections.ConfigDict:
     domain = {"kind": "household", "level": "L0", "seed": 0, "num_train": 1000, "num_test": 1000,
               "held_out_kinds": (4, 5), "max_turns": 16, "history": "window", "window": 2, "prompt_budget": 128, "self_guide": False,
               "self_rewards": (0.1, 0.0, -0.1)}
-    policy = {**common.SCRATCH_MODEL, "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
+    policy = {**common.SCRATCH_MODEL, "prompt_style": "auto", "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
               "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
     cfg = common.base("household", domain, policy)
     cfg.meta.update(task_description=TASK, primitive_descriptions=common.AGENT_PRIMITIVE_DESCRIPTIONS)
