@@ -134,8 +134,11 @@ def test_a_decode_in_phases_matches_the_uncached_reference_and_one_phase(model, 
             graphdef, params, prompts, mask, jax.random.key(3))
 
     phased = sample()
-    monkeypatch.setattr(sm, "decode_phases", lambda write_from, steps, length: [(1, steps, length)])
+    traced = []
+    monkeypatch.setattr(sm, "decode_phases",
+                        lambda write_from, steps, length: traced.append(steps) or [(1, steps, length)])
     single = sample()
+    assert traced == [40]   # the second draw was traced with one phase
     np.testing.assert_array_equal(np.asarray(phased.tokens), np.asarray(single.tokens))
     np.testing.assert_array_equal(np.asarray(phased.mask), np.asarray(single.mask))
     assert int(phased.lengths.max()) > 16   # some row reads past the first phase
