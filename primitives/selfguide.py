@@ -1,8 +1,10 @@
 """The Self-Guide primitive of the multi-turn agent domains: the episode's summed self-reward.
 
 An agent domain with self-assessment (household, scienceworld, alfworld:
-`config.domain.self_guide=True`) has the environment map the policy's assessment word of every
-turn to an internal reward r_sg_t (+0.1 / 0 / -0.1 by default); the multi-turn rollout hands
+`config.domain.self_guide=True`) has the environment map the policy's assessment of every turn
+(a word for a scratch policy; for a pretrained one a sentence in `<assess>` tags ending in its
+verdict, derl_jax/domains/agent_prompt.py) to an internal reward r_sg_t (+0.1 / 0 / -0.1 by
+default; 0 for a malformed assessment); the multi-turn rollout hands
 them to primitives as `self_rewards f32[N, S]` next to `step_mask bool[N, S]`.
 
   * ``g_sg`` = sum over the steps the episode took of r_sg_t  -> f32[N].
