@@ -1,7 +1,9 @@
 """Device primitives of the multi-turn agent domains (household, ScienceWorld, ALFWorld).
 
 Each episode is scored per step (a heuristic step score, e.g. whether the action matched the
-task's meta-tag) and once at the end (success). The primitives, in the order that makes them
+task's meta-tag: plan / explore / reflect / act, which a pretrained policy writes as RLVMR's
+<planning> / <explore> / <reflection> / <monitor> tags, derl_jax/domains/agent_prompt.py; a
+malformed answer scores 0) and once at the end (success). The primitives, in the order that makes them
 `g1`..`g4` of a reward expression:
 
   * ``outcome``      = success of the episode.
