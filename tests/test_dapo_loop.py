@@ -122,19 +122,17 @@ def test_settings_classes_check_the_same_fields():
             InnerConfig(**base, **changes)
 
 
-def test_multi_turn_domains_refuse_dynamic_sampling_and_the_overlong_penalty():
+def test_every_rollout_kind_takes_dapo_and_only_episodes_take_per_turn_credit():
     base = dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8)
-    env = types.SimpleNamespace(name="counter", rollout="env")
-    for changes, message in (({"algorithm": "dapo"}, r"config\.inner\.algorithm='dapo' is for single-turn domains"),
-                             ({"dynamic_oversample": 2}, r"config\.inner\.dynamic_oversample must be 1 .*'counter'"),
-                             ({"overlong_buffer": 2}, r"config\.inner\.overlong_buffer must be 0 .*'counter'")):
-        with pytest.raises(ConfigError, match=message):
-            check_rollout_kind(InnerConfig(**base, **changes), env)
-        with pytest.raises(ConfigError, match=message):   # the loop refuses before building anything
-            make_inner_loop(env, None, InnerConfig(**base, **changes))
-    check_rollout_kind(InnerConfig(**base, grpo=GRPOConfig(clip_high=0.28)), env)   # clip-higher alone is fine
-    for kind in ("device", "host"):
+    for kind in ("device", "host", "env"):
         check_rollout_kind(InnerConfig(**base, algorithm="dapo"), types.SimpleNamespace(name="x", rollout=kind))
+    check_rollout_kind(InnerConfig(**base, self_reward_credit="turn"), types.SimpleNamespace(name="x", rollout="env"))
+    single = types.SimpleNamespace(name="arith", rollout="device")
+    message = r"config\.inner\.self_reward_credit='turn' needs a multi-turn domain; 'arith' has rollout 'device'"
+    with pytest.raises(ConfigError, match=message):
+        check_rollout_kind(InnerConfig(**base, self_reward_credit="turn"), single)
+    with pytest.raises(ConfigError, match=message):   # the loop refuses before building anything
+        make_inner_loop(single, None, InnerConfig(**base, self_reward_credit="turn"))
 
 
 def test_metric_names_add_the_dynamic_sampling_curves_only_when_it_is_on():

@@ -17,8 +17,8 @@ reads the same fields. Fields of `config.inner` (defaults in brackets):
   dynamic_oversample [1], overlong_buffer [0]        dynamic sampling: sample this x B prompts and
                                                       train on B informative groups (1 = off);
                                                       overlong penalty over the last this many of
-                                                      the T tokens (0 = off); single-turn kinds only
-                                                      (`check_rollout_kind`)
+                                                      the T tokens (0 = off; multi-turn: per turn,
+                                                      T being the action limit)
   temperature [1.0], top_k [0]                        how rollouts are sampled (top_k 0 = all tokens)
   chunk_size [0]                                      device kinds: candidates vmapped per chunk;
                                                       host kinds: candidates trained interleaved
@@ -233,16 +233,10 @@ def metric_names(primitive_names, uses_reference: bool, host: bool = False,
 
 
 def check_rollout_kind(cfg: InnerConfig, domain: Any) -> None:
-    """ConfigError when `cfg` asks `domain` for what its rollout kind lacks: DAPO's dynamic
-    sampling and overlong penalty are for single-turn kinds ("device", "host"); multi-turn
-    ("env") episodes train with GRPO and any clip range or loss aggregation."""
-    if getattr(domain, "rollout", None) != "env":
-        return
-    name = getattr(domain, "name", "?")
-    if cfg.algorithm != "grpo":
-        raise ConfigError(f"config.inner.algorithm={cfg.algorithm!r} is for single-turn domains; {name!r} plays "
-                          f"multi-turn episodes (rollout 'env'): use 'grpo'")
-    for field, off in (("dynamic_oversample", 1), ("overlong_buffer", 0)):
-        if getattr(cfg, field) != off:
-            raise ConfigError(f"config.inner.{field} must be {off} for the multi-turn domain {name!r}, "
-                              f"got {getattr(cfg, field)!r}")
+    """ConfigError when `cfg` asks `domain` for what its rollout kind lacks: per-turn credit of
+    self-rewards (`self_reward_credit="turn"`) needs multi-turn episodes (rollout "env"). DAPO's
+    additions run on every kind (`derl_jax.rl.dapo`: over episode groups on "env")."""
+    if cfg.self_reward_credit == "turn" and getattr(domain, "rollout", None) != "env":
+        name = getattr(domain, "name", "?")
+        raise ConfigError(f"config.inner.self_reward_credit='turn' needs a multi-turn domain; {name!r} has rollout "
+                          f"{getattr(domain, 'rollout', None)!r}: use 'episode'")

@@ -13,6 +13,13 @@
   is penalised linearly up to -1 at the generation limit (`overlong_penalty`), and one cut off
   at the limit gets the full -1.
 
+Multi-turn episodes (rollout "env"): a group is the G episodes of one task, and dynamic sampling
+keeps or drops whole episode groups by their episode rewards. The overlong penalty applies per
+turn, to each action against the per-turn limit `max_new_tokens` (`turn_overlong_penalty`);
+an episode's reward adds the mean penalty of its taken turns (`episode_overlong_penalty`, so
+in [-1, 0] like a single completion's, whatever the episode's length), and under per-turn
+credit each turn's reward adds its own.
+
 `inner.algorithm = "dapo"` resolves the settings once (`resolve`, called by `InnerConfig`): each
 of them left at its GRPO default takes DAPO's value, one given another value is kept:
 clip_high 0.2 -> 0.28 (`DAPO_CLIP_HIGH`), dynamic_oversample 1 -> 2 (`DAPO_OVERSAMPLE`),
@@ -61,6 +68,20 @@ def overlong_penalty(lengths: jax.Array, max_new_tokens: int, buffer: int) -> ja
     lengths = jnp.asarray(lengths, jnp.float32)
     expected = float(max_new_tokens - buffer)
     return jnp.clip((expected - lengths) / float(buffer), -1.0, 0.0)
+
+
+def turn_overlong_penalty(lengths: jax.Array, taken: jax.Array, max_new_tokens: int, buffer: int) -> jax.Array:
+    """`overlong_penalty` of every action of multi-turn episodes: lengths i32[N, S] tokens per
+    turn, taken bool[N, S] (the turns played) -> f32[N, S], 0 on turns not taken."""
+    return jnp.where(taken, overlong_penalty(lengths, max_new_tokens, buffer), 0.0)
+
+
+def episode_overlong_penalty(lengths: jax.Array, taken: jax.Array, max_new_tokens: int, buffer: int) -> jax.Array:
+    """f32[N]: the mean `turn_overlong_penalty` over each episode's taken turns (0 for an
+    episode without a taken turn)."""
+    per_turn = turn_overlong_penalty(lengths, taken, max_new_tokens, buffer)
+    turns = jnp.sum(taken, axis=-1, dtype=jnp.float32)
+    return jnp.sum(per_turn, axis=-1) / jnp.maximum(turns, 1.0)
 
 
 def informative_groups(rewards: jax.Array, keep: int) -> tuple[jax.Array, jax.Array]:

@@ -23,12 +23,13 @@ steps. Step s:
     carried to the next step, whose decode overwrites them in place instead of zeroing new
     ones, `DeviceRollout.scratch`).
 
-DAPO's additions (`derl_jax.rl.dapo`; single-turn kinds): with `overlong_buffer` > 0 each
-completion's reward gets `overlong_penalty` of its length before the advantages; with
-`dynamic_oversample` = O > 1 the step samples O*B prompts' groups (O*N rollouts), and
-trains on the B groups `dapo.select` picks from their rewards (static shapes, so it runs
-under jit and under vmap over K programs). `rewards_and_advantages` does both, for the host
-kind too.
+DAPO's additions (`derl_jax.rl.dapo`): with `overlong_buffer` > 0 each completion's reward
+gets `overlong_penalty` of its length before the advantages (multi-turn: each episode gets the
+mean penalty of its actions, `dapo.episode_overlong_penalty`, and under per-turn credit each
+turn its own); with `dynamic_oversample` = O > 1 the step samples O*B prompts' (tasks')
+groups (O*N rollouts or episodes), and trains on the B groups `dapo.select` picks from their
+rewards (static shapes, so it runs under jit and under vmap over K programs).
+`rewards_and_advantages` does both, for the host kind too.
 
 Per-turn credit of Self-Guide's self-rewards (`inner.self_reward_credit="turn"`, a domain with
 the primitive g_sg): turn t of episode n is rewarded by the expression evaluated on the
@@ -106,14 +107,17 @@ class StepRewards(NamedTuple):
 
 def rewards_and_advantages(program: Program, prims: jax.Array, u: jax.Array, group_size: int, normalize_std: bool,
                            lengths: jax.Array | None = None, *, max_new_tokens: int = 0, overlong_buffer: int = 0,
-                           oversample: int = 1) -> StepRewards:
+                           oversample: int = 1, taken: jax.Array | None = None) -> StepRewards:
     """`program` on prims f32[O*N, P] at progress u -> StepRewards (O = oversample, G-row groups
     adjacent). With overlong_buffer > 0 the rewards the advantages see add
-    `dapo.overlong_penalty(lengths i32[O*N], max_new_tokens, overlong_buffer)`; with oversample > 1
-    the N rows trained on are `dapo.select`'s B = N / G groups of those shaped rewards."""
+    `dapo.overlong_penalty(lengths i32[O*N], max_new_tokens, overlong_buffer)`, or for episodes
+    (lengths i32[O*N, S] per turn, taken bool[O*N, S]) `dapo.episode_overlong_penalty`; with
+    oversample > 1 the N rows trained on are `dapo.select`'s B = N / G groups of those shaped rewards."""
     rewards, nonfinite = sanitize_rewards(evaluate(program, prims, u))
     shaped, rows, stats = rewards, None, {}
-    if overlong_buffer:
+    if overlong_buffer and lengths.ndim == 2:
+        shaped = shaped + dapo.episode_overlong_penalty(lengths, taken, max_new_tokens, overlong_buffer)
+    elif overlong_buffer:
         shaped = shaped + dapo.overlong_penalty(lengths, max_new_tokens, overlong_buffer)
     if oversample > 1:
         if rewards.shape[0] % (oversample * group_size):
@@ -231,20 +235,25 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
             if scratch is not None:   # the next step's decode overwrites these buffers in place
                 scratch = update_batch["products"]
             prims = domain.primitive_values(episode, context)
-            lengths = jnp.sum(update_batch["mask"], axis=-1)   # single turn: completion tokens i32[O*N]
+            lengths = jnp.sum(update_batch["mask"], axis=-1)   # completion tokens i32[O*N] (episodes: [O*N, S])
             taken = jnp.any(update_batch["mask"], axis=-1)
             u = progress(index.astype(jnp.float32), steps)
             scored = rewards_and_advantages(program, prims, u, group, cfg.grpo.normalize_std, lengths,
                                             max_new_tokens=cfg.max_new_tokens, overlong_buffer=cfg.overlong_buffer,
-                                            oversample=cfg.dynamic_oversample)
-            if scored.rows is not None:   # dynamic sampling: the chosen groups' rows (single turn: one per rollout)
+                                            oversample=cfg.dynamic_oversample, taken=taken)
+            if scored.rows is not None:   # dynamic sampling: the chosen groups' rows (one per rollout or episode)
                 update_batch = jax.tree_util.tree_map(lambda x: over_data(x[scored.rows]), update_batch)
             if self_reward_column is None:   # one advantage per episode
                 advantages = scored.advantages
             else:                            # one per turn [N, S]
                 per_turn = turn_rewards(program, prims, episode["self_rewards"], self_reward_column, u)
-                advantages = turn_advantages(per_turn, episode["step_mask"], group,
-                                             normalize_std=cfg.grpo.normalize_std)
+                if cfg.overlong_buffer:
+                    per_turn = per_turn + dapo.turn_overlong_penalty(lengths, taken, cfg.max_new_tokens,
+                                                                     cfg.overlong_buffer)
+                step_mask = episode["step_mask"]
+                if scored.rows is not None:
+                    per_turn, step_mask = per_turn[scored.rows], step_mask[scored.rows]
+                advantages = turn_advantages(per_turn, step_mask, group, normalize_std=cfg.grpo.normalize_std)
             update_batch = dict(update_batch, advantages=advantages)
             if cfg.top_k != 0:  # the top-k filtered sampling distribution is not the one the update differentiates
                 update_batch["old_logp"] = completion_logprobs(params, update_batch, rollout.prefill_group)[0]
