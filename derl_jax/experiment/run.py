@@ -233,14 +233,14 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
     levels = checked_levels(cfg) if mode == "compare" else ()
     lock = run_dir.exclusive(workdir) if primary_process() else contextlib.nullcontext()  # one lock per run
     with lock:
-        if primary_process():
-            write_run_config(cfg, workdir)
         if levels:
+            write_run_config(cfg, workdir)
             return compare.compare_per_level(cfg, workdir, levels, progress=progress, optimizer_factory=optimizer_factory)
         domain = build.build_domain(cfg)
         check_mesh_rows(cfg, domain.rollout)
         if checked.expression is not None:
             check_expression(checked.expression, domain.primitive_names, domain.outcome_index)
+        write_run_config(cfg, workdir)   # once the data are read and checked: an input error leaves nothing
         base_params, evaluator = build.build_inner(domain, cfg, workdir, run_cores(mode))
         if mode == "compare":
             return compare.compare_run(cfg, workdir, domain, base_params, evaluator, progress=progress,
@@ -260,9 +260,13 @@ def run(cfg: Any, workdir: str, mode: str, expression: str | None = None, *, pro
 
 
 def write_run_config(cfg: Any, workdir: str) -> None:
-    """`<workdir>/config.json`: the config the run was started with (every mode but plan)."""
+    """`<workdir>/config.json`: the config the run was started with (search, final, compare);
+    written by the primary process only."""
     from derl_jax.checkpoint import atomic_write_json
     from derl_jax.logging import CONFIG_FILE, to_jsonable
+
+    if not primary_process():
+        return
 
     os.makedirs(workdir, exist_ok=True)
     as_dict = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
