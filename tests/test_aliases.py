@@ -145,3 +145,22 @@ def test_a_fixed_baseline_reads_aliases():
     strategy = make_strategy("fixed:outcome+0.5*format", {"domain": {"kind": "arith"}}, None, ARITH)
     texts, _ = strategy.propose(strategy.init(None), None, 2)
     assert texts == ["correct+0.5*boxed"] * 2 and strategy.name == "fixed:outcome+0.5*format"
+
+
+def test_the_llm_searchers_read_aliases_as_names():
+    """An alias in what the agent submits or Eureka's model answers is its primitive's name."""
+    import jax
+
+    from arbo_fakes import ARITH as ARITH_CFG, Replay, completion
+    from derl_jax.outer import make_strategy
+
+    script = {"arbo": [completion(calls=[("submit_candidate", '{"expression": "outcome+0.5*format"}'),
+                                         ("submit_candidate", '{"expression": "correct+0.5*boxed"}')])],
+              "eureka": [completion(["```reward\noutcome*(1+format)\n```", "```reward\ng1+steps\n```"], n=2)]}
+    expected = {"arbo": ["correct+0.5*boxed", "correct+0.5*boxed"], "eureka": ["correct*(1+boxed)", "g1+steps"]}
+    for method, replies in script.items():
+        with Replay(replies) as server:
+            strategy = make_strategy(method, {**ARITH_CFG, "arbo": {"agent": {"url": server.url}}}, None, ARITH)
+            texts, plan = strategy.propose(strategy.init(jax.random.key(0)), jax.random.key(1), 2)
+        assert texts == expected[method], method
+    assert [p.note for p in plan.proposals] == ["read from the code block"] * 2

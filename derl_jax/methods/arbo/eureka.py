@@ -29,10 +29,12 @@ import jax
 from derl_jax.methods.arbo import history as hist
 from derl_jax.methods.arbo.schedule import EXPLOIT, EXPLORE
 from derl_jax.methods.arbo.settings import describe_backend, make_backend, read_settings, run_seed
+from derl_jax.methods.arbo.sources import domain_kind
 from derl_jax.methods.arbo.strategy import ArboState, HistoryStrategy, RoundPlan, save_transcript
 from derl_jax.methods.arbo.tools import LANGUAGE, MAX_NOTE
 from derl_jax.outer.registry import register_strategy
 from derl_jax.outer.strategy import StrategyContext
+from primitives.registry import with_names
 
 FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|$)", re.DOTALL)
 ASSIGNMENT = re.compile(r"\breward\s*[=:]|^\s*r\s*=|^\s*return\b", re.IGNORECASE)
@@ -132,7 +134,8 @@ class EurekaStrategy(HistoryStrategy):
         return cls(context.primitive_names, context.outcome_index,
                    backend=make_backend(settings.agent, run_seed(context.cfg)),
                    sources=primitive_sources(context.cfg, context.primitive_names, context.outcome_index),
-                   task=settings.task, workdir=context.workdir, about={"backend": describe_backend(settings.agent)})
+                   task=settings.task, workdir=context.workdir, about={"backend": describe_backend(settings.agent)},
+                   domain=domain_kind(context.cfg))
 
     @classmethod
     def check_config(cls, cfg: Any, name: str) -> None:
@@ -157,6 +160,7 @@ class EurekaStrategy(HistoryStrategy):
         proposals = []
         for reply in replies[:n]:
             text, how = extract_expression(reply) if reply is not None else ("", f"no reply: {stopped}")
+            text = with_names(text, self.domain, self.primitive_names) if self.domain else text
             proposals.append(hist.Proposal(text, None if best is None else best.id, "eureka", how[:MAX_NOTE]))
         stats = {"eureka_replies": float(sum(r is not None for r in replies[:n])),
                  "eureka_extracted": float(sum(bool(p.text) for p in proposals)),

@@ -36,6 +36,7 @@ from derl_jax.checkpoint import atomic_write_json
 from derl_jax.methods.arbo import history as hist
 from derl_jax.methods.arbo.proposer import View, propose_structural
 from derl_jax.methods.arbo.schedule import EXPLORE, Schedule, next_mode
+from derl_jax.methods.arbo.sources import domain_kind
 from derl_jax.methods.arbo.settings import (AGENT_ABLATIONS, STRUCTURAL_ABLATIONS, describe_backend, make_backend,
                                             read_settings, run_seed)
 from derl_jax.methods.arbo.tools import MAX_NOTE
@@ -71,8 +72,10 @@ class HistoryStrategy(Strategy):
     ablation_prefix = ""
 
     def __init__(self, primitive_names: Sequence[str], outcome_index: int = 0, *, schedule: Schedule = Schedule(),
-                 view: View = View(), task: str = "", workdir: str | None = None, about: Mapping[str, Any] = ()):
+                 view: View = View(), task: str = "", workdir: str | None = None, about: Mapping[str, Any] = (),
+                 domain: str | None = None):
         self.primitive_names = tuple(primitive_names)
+        self.domain = domain  # `config.domain.kind`: its primitives' aliases in a model's text are read as names
         self.outcome_index = int(outcome_index)
         self.schedule = schedule
         self.view = view
@@ -183,7 +186,7 @@ class ArboStrategy(HistoryStrategy):
                    sources=source_files(context.cfg, context.primitive_names, context.outcome_index),
                    max_turns=settings.agent.max_turns, framework=settings.framework, schedule=settings.schedule,
                    view=settings.view, task=settings.task, workdir=context.workdir,
-                   about={"backend": describe_backend(settings.agent)})
+                   about={"backend": describe_backend(settings.agent)}, domain=domain_kind(context.cfg))
 
     @classmethod
     def check_config(cls, cfg: Any, name: str) -> None:
@@ -198,7 +201,7 @@ class ArboStrategy(HistoryStrategy):
 
         mode = self.mode(state)
         workspace = Workspace(state.history, self.view, self.primitive_names, self.outcome_index, wanted=n,
-                              sources=self.sources, task=self.task)
+                              sources=self.sources, task=self.task, domain=self.domain)
         seed = int(jax.random.randint(key, (), 0, 2**30))
         outcome = run_agent(self.backend, workspace, mode if self.framework else None, seed=seed,
                             max_turns=self.max_turns)

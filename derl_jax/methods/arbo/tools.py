@@ -119,6 +119,7 @@ class Workspace:
     submitted: list[hist.Proposal] = dataclasses.field(default_factory=list)
     errors: int = 0
     belief_written: bool = False
+    domain: str | None = None   # its primitives' aliases in a submission are read as their names
 
     def __post_init__(self):
         self.primitive_names = tuple(self.primitive_names)
@@ -259,6 +260,10 @@ class Workspace:
         if self.done:
             raise ToolError(f"all {self.wanted} candidates of this round are submitted")
         text = _get(args, "expression", str).strip()
+        if self.domain:
+            from primitives.registry import with_names
+
+            text = with_names(text, self.domain, self.primitive_names)
         parent = args.get("parent")
         note = args.get("note", "")
         if parent is not None:
