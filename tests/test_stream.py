@@ -17,6 +17,12 @@ from derl_jax.models import sampling, streams
 from derl_jax.models.transformer import init_params, tiny_config
 
 PAD, EOS, VOCAB = 0, 1, 23
+# jitted once for the whole module: run op by op, one stream test compiles hundreds of small programs
+start_stream = jax.jit(streams.start_stream, static_argnums=(0, 2, 3, 4, 5))
+append = jax.jit(streams.append, static_argnums=0)
+stream_decode = jax.jit(streams.stream_decode, static_argnums=0,
+                        static_argnames=("max_new_tokens", "eos_id", "pad_id", "greedy", "reads"))
+prefill = jax.jit(sampling.prefill, static_argnums=(0, 4))
 
 
 def tiny_model(seed: int = 0, max_position: int = 96):
@@ -47,16 +53,15 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
     graphdef, params = tiny_model()
     rng = np.random.default_rng(0)
     batch, capacity = 3, 40
-    stream = streams.start_stream(graphdef, params, batch, capacity, 4, PAD)
+    stream = start_stream(graphdef, params, batch, capacity, 4, PAD)
     rows: list[list[int]] = [[] for _ in range(batch)]
-    append = jax.jit(streams.append, static_argnums=0)
     for width, empty in ((7, ()), (5, (1,)), (6, (0, 2))):
         tokens, valid = random_chunk(rng, batch, width, empty)
         stream = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
         for b in range(batch):
             rows[b] += tokens[b][valid[b]].tolist()
     prompts, mask = left_padded(rows)
-    last, _ = sampling.prefill(graphdef, params, prompts, mask, prompts.shape[1])
+    last, _ = prefill(graphdef, params, prompts, mask, prompts.shape[1])
     np.testing.assert_allclose(np.asarray(stream.last_hidden), np.asarray(last), rtol=1e-5, atol=1e-5)
     for b in range(batch):
         assert int(stream.length[b]) == len(rows[b])
@@ -65,10 +70,9 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
     # decoding after the stream draws what sampling after the prompt draws, key for key
     for greedy in (True, False):
         key = jax.random.key(3)
-        out = streams.stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
-                                     greedy=greedy)
-        want = sampling.sample(graphdef, params, prompts, mask, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
-                               greedy=greedy)
+        out = stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, greedy=greedy)
+        want = sampling.sample_jit(graphdef, params, prompts, mask, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD,
+                                   greedy=greedy)
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(want.tokens))
         np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(want.mask))
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(want.logprobs), rtol=1e-5, atol=1e-5)
@@ -80,9 +84,9 @@ def test_a_chunk_packed_to_its_fullest_row_gives_the_same_stream():
     theirs), whichever width that is."""
     graphdef, params = tiny_model()
     rng = np.random.default_rng(4)
-    stream = streams.start_stream(graphdef, params, 3, 40, 3, PAD)
+    stream = start_stream(graphdef, params, 3, 40, 3, PAD)
     first, first_valid = random_chunk(rng, 3, 6)
-    stream = streams.append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
+    stream = append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
     assert streams.block_widths(11, 4) == (3, 6, 9, 11)
     packed = jax.jit(streams.append_packed, static_argnums=(0, 5))
     for most in (2, 5, 11):   # the widths 3, 6 and 11 run
@@ -91,7 +95,7 @@ def test_a_chunk_packed_to_its_fullest_row_gives_the_same_stream():
         valid[0, -most:] = True   # row 0 holds `most` (or more, at 11) valid tokens
         valid[0, :-most] = False
         live = jnp.array([True, True, False])
-        whole = streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
+        whole = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), live=live)
         got = packed(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid), 4, live)
         assert int(valid[:2].sum(axis=1).max()) == most
         for name in ("tokens", "valid", "length"):
@@ -113,18 +117,16 @@ def test_decoding_reads_the_slots_streams_hold_and_maps_one_read_over_streams():
     it draws alone."""
     graphdef, params = tiny_model()
     rng = np.random.default_rng(8)
-    decode = jax.jit(streams.stream_decode, static_argnums=0, static_argnames=("max_new_tokens", "eos_id", "pad_id",
-                                                                               "reads"))
     made = []
     for width in (5, 30):   # 40 slots: reads of 10 and of all 40
-        stream = streams.start_stream(graphdef, params, 3, 40, 4, PAD)
+        stream = start_stream(graphdef, params, 3, 40, 4, PAD)
         tokens, valid = random_chunk(rng, 3, width)
-        made.append(streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid)))
+        made.append(append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid)))
     key = jax.random.key(9)
     outs = []
     for stream in made:
-        every = decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, reads=1)
-        first = decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, reads=4)
+        every = stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, reads=1)
+        first = stream_decode(graphdef, params, stream, key, max_new_tokens=5, eos_id=EOS, pad_id=PAD, reads=4)
         np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(every.tokens))
         np.testing.assert_allclose(np.asarray(first.logprobs), np.asarray(every.logprobs), rtol=1e-5, atol=1e-5)
         outs.append(first)
@@ -142,15 +144,15 @@ def test_decoding_reads_the_slots_streams_hold_and_maps_one_read_over_streams():
 def test_rows_that_are_not_live_or_full_keep_what_they_hold():
     graphdef, params = tiny_model()
     rng = np.random.default_rng(1)
-    stream = streams.start_stream(graphdef, params, 2, 9, 2, PAD)
+    stream = start_stream(graphdef, params, 2, 9, 2, PAD)
     tokens, valid = random_chunk(rng, 2, 6)
     valid[:] = True
-    stream = streams.append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
+    stream = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
     before = stream
     more, more_valid = random_chunk(rng, 2, 6)
     more_valid[:] = True
-    stream = streams.append(graphdef, params, stream, jnp.asarray(more), jnp.asarray(more_valid),
-                             live=jnp.array([False, True]))
+    stream = append(graphdef, params, stream, jnp.asarray(more), jnp.asarray(more_valid),
+                    live=jnp.array([False, True]))
     # row 0 is not live: nothing changes; row 1 holds 9 of its 12 tokens and counts all 12
     np.testing.assert_array_equal(np.asarray(stream.tokens[0]), np.asarray(before.tokens[0]))
     np.testing.assert_array_equal(np.asarray(stream.last_hidden[0]), np.asarray(before.last_hidden[0]))
@@ -241,7 +243,10 @@ def prefixed_rows(rng, batch: int, turns: int, width: int, length: int, longest:
 
 
 @pytest.mark.parametrize("temperature, chunks, groups, widths",
-                         [(1.0, 1, 1, 1), (0.7, 3, 1, 1), (1.0, 2, 8, 4), (0.7, 3, 5, 3), (1.0, 3, 3, 2)])
+                         [(1.0, 1, 1, 1), (0.7, 3, 1, 1), (1.0, 2, 8, 4),
+                          # fast: the grouped rows with padding (2, 8, 4); without, test_groups_of_rows_..._once[2-3-2]
+                          pytest.param(0.7, 3, 5, 3, marks=pytest.mark.slow),
+                          pytest.param(1.0, 3, 3, 2, marks=pytest.mark.slow)])
 def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks, groups, widths):
     """A shared prefix (left padded, of different lengths), then each row's own block (real tokens
     to the right, one row with none) and completion: log-probs, entropies and gradients equal
@@ -277,10 +282,12 @@ def test_groups_of_rows_with_one_prefix_run_it_once(group_size, groups, widths):
                                                                                      group_size=group_size)
     weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
 
+    # two chunks: one chunk of the widest group (4 rows, 6 + 2 columns) would have the shape of an
+    # undeduplicated prefix pass, which the jaxpr check below looks for
     def shared(p, group_size=group_size):
         return streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, jnp.asarray(blocks), jnp.asarray(block_mask),
-                                         jnp.asarray(completions), jnp.asarray(mask), groups=groups, widths=widths,
-                                         group_size=group_size)
+                                         jnp.asarray(completions), jnp.asarray(mask), chunks=2, groups=groups,
+                                         widths=widths, group_size=group_size)
 
     assert_scored_like_written_out_rows(graphdef, params, shared, rows, completions, mask, weights, 1.0)
     prefix_pass = f"f32[2,{prefix.shape[1]},32]"   # the embedded prefix tokens: one row per distinct prefix
@@ -314,7 +321,7 @@ def test_policies_mapped_side_by_side_take_one_width_per_group():
     def weighted_grad(p, prefix, prefix_mask, blocks, block_mask, completions, mask):
         def loss(p):
             logp, _ = streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, blocks, block_mask, completions,
-                                                mask, groups=2, widths=2)
+                                                mask, chunks=1, groups=2, widths=2)
             return jnp.sum(logp * jnp.arange(1.0, logp.size + 1).reshape(logp.shape) / logp.size), logp
         return jax.grad(loss, has_aux=True)(p)
 
