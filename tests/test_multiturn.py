@@ -301,8 +301,10 @@ def left_padded(rows, width: int | None = None):
     return jnp.asarray(tokens), jnp.asarray(np.arange(width)[None, :] >= width - np.array([len(r) for r in rows])[:, None])
 
 
+@functools.lru_cache(maxsize=None)
 def full_history_episodes(budget: int, greedy: bool, seed: int = 3):
-    """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled full-history episodes."""
+    """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled full-history
+    episodes, sampled once per process (the tests only read them)."""
     domain = dataclasses.replace(counter_domain("full"), prompt_budget=budget)
     graphdef, params = tiny_policy(counter_domain("full"), seed=seed)
     batch = domain.train.take(np.arange(16))
@@ -333,8 +335,8 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
         alive &= fits
         np.testing.assert_array_equal(taken[:, t], alive)
         prompts, prompt_mask = left_padded(streams)
-        want = sampling.sample(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, t),
-                               max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
+        want = sampling.sample_jit(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, t),
+                                   max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
         live = np.flatnonzero(alive)
         np.testing.assert_array_equal(tokens[live, t], np.asarray(want.tokens)[live])
         np.testing.assert_array_equal(mask[live, t], np.asarray(want.mask)[live])
@@ -356,9 +358,10 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
         assert int(np.asarray(rows["stream_valid"][n]).sum()) == len(kept)
 
 
+@functools.lru_cache(maxsize=None)
 def window_episodes(budget: int, greedy: bool, seed: int = 3):
     """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled episodes with a
-    window of 2 turns."""
+    window of 2 turns, sampled once per process (the tests only read them)."""
     domain = dataclasses.replace(counter_domain(2), prompt_budget=budget)
     graphdef, params = tiny_policy(counter_domain(2), seed=seed)
     batch = domain.train.take(np.arange(16))
@@ -407,8 +410,9 @@ def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     for t in range(domain.env.max_turns):
         turn = [prompts[n][t] for n in range(16)]
         full += sum(len(p) == domain.prompt_length for p in turn)
-        want = sampling.sample(graphdef, params, *left_padded(turn, domain.prompt_length),
-                               jax.random.fold_in(turn_key, t), max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
+        want = sampling.sample_jit(graphdef, params, *left_padded(turn, domain.prompt_length),
+                                   jax.random.fold_in(turn_key, t), max_new_tokens=2, eos_id=EOS, pad_id=PAD,
+                                   greedy=greedy)
         live = np.flatnonzero(taken[:, t])
         np.testing.assert_array_equal(tokens[live, t], np.asarray(want.tokens)[live])
         np.testing.assert_array_equal(mask[live, t], np.asarray(want.mask)[live])
@@ -443,7 +447,7 @@ def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
     if loss_agg == "episode_mean":   # the rows of one episode share its token count
         rows["episode_tokens"] = jnp.repeat(jnp.sum(packed["mask"], axis=(1, 2)).astype(jnp.float32), turns)
     run = rollout_lib.device_rollout(domain, graphdef, CFG)
-    logp, _ = run.logprobs(params, packed, 1.0)
+    logp, _ = jax.jit(run.logprobs, static_argnums=2)(params, packed, 1.0)
     taken = np.asarray(packed["mask"])
     np.testing.assert_allclose(np.asarray(logp)[taken], np.asarray(packed["old_logp"])[taken], rtol=1e-5, atol=1e-5)
     cfg = GRPOConfig(loss_agg=loss_agg, kl_coef=0.0)
