@@ -19,9 +19,9 @@ Presets (`--config=configs/alfworld.py:<preset>`):
            over 3 seeds at one level (`domain.level`; run once per level) on every training
            game of ALFWorld's data directory ($ALFWORLD_DATA, as `alfworld-download` writes it),
            tested on ALFWorld's own seen (L0) or unseen (L1, L2) evaluation games. The rollout
-           shape (16 tasks x 8 episodes per step, 50 turns, 1,024-token turn prompts of a
-           256-token task line and 2 turns of 256-token observations and 128-token actions,
-           8 minibatches) is the planner's agent setting (docs/scale.md); the paper states none.
+           shape (16 tasks x 8 episodes per step, 50 turns, turn prompts of the task, 2 rows of
+           256-token observations, a 256-token admissible-actions line and the instruction,
+           128-token answers, 8 minibatches) is ours (docs/scale.md); the paper states none.
            Days on 8 accelerators; `--mode=plan` first:
 
       python launch/run.py --config=configs/alfworld.py --mode=compare --workdir=runs/alfworld_L0 \\

@@ -19,9 +19,10 @@ Presets (`--config=configs/scienceworld.py:<preset>`):
            seeds at one level (`domain.level`; run once per level) on ScienceWorld's own
            variation lists: every train variation of each task for training, its dev variations
            as L0's test set (seen) and its test variations as L1's and L2's (unseen). The
-           rollout shape (16 tasks x 8 episodes per step, 50 turns, 1,024-token turn prompts,
-           128-token actions, 8 minibatches) is the planner's agent setting (docs/scale.md); the
-           paper states none. Days on 8 accelerators; `--mode=plan` first:
+           rollout shape (16 tasks x 8 episodes per step, 50 turns, turn prompts of the task, 2
+           rows of 256-token observations, a 256-token admissible-actions line and the
+           instruction, 128-token answers, 8 minibatches) is ours (docs/scale.md); the paper
+           states none. Days on 8 accelerators; `--mode=plan` first:
 
       python launch/run.py --config=configs/scienceworld.py --mode=compare --workdir=runs/sw_L0 \\
           --config.policy.checkpoint=/models/Qwen2.5-1.5B-Instruct \\
