@@ -25,9 +25,9 @@ stream_decode = jax.jit(streams.stream_decode, static_argnums=0,
 prefill = jax.jit(sampling.prefill, static_argnums=(0, 4))
 
 
-def tiny_model(seed: int = 0, max_position: int = 96):
-    config = tiny_config(VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                         max_position=max_position)
+def tiny_model(seed: int = 0, max_position: int = 96, num_layers: int = 2):
+    config = tiny_config(VOCAB, hidden_size=32, intermediate_size=64, num_layers=num_layers, num_heads=4,
+                         num_kv_heads=2, max_position=max_position)
     return init_params(config, jax.random.key(seed))
 
 
@@ -310,8 +310,9 @@ def test_policies_mapped_side_by_side_take_one_width_per_group():
     """Under `vmap` over policies and their rows, each group's width is the widest any policy
     needs (one branch of the switch runs, not every branch with a select), and every policy's
     log-probs and gradients equal its own unmapped call."""
-    graphdef, params = tiny_model(seed=6)
-    _, other = tiny_model(seed=7)
+    # one layer: the rows' layers are read as in the tests above, what is new here is the mapping
+    graphdef, params = tiny_model(seed=6, num_layers=1)
+    _, other = tiny_model(seed=7, num_layers=1)
     stacked = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), params, other)
     rng = np.random.default_rng(6)
     short = prefixed_rows(rng, 2, 4, 8, 3, longest=2)[:6]
