@@ -186,3 +186,12 @@ def test_household_admissible_actions_all_succeed_and_hold_the_experts(household
                 said = words.decode([int(w) for w in np.asarray(expert(state))[1:] if w not in (vocab.PAD_ID, vocab.EOS_ID)])
                 assert said in actions
     assert checked > 30
+
+
+@pytest.mark.parametrize("task", ["Your task is to: put some statue on countertop.",
+                                  "Task Description:\nYour task is to put some statue on countertop.",
+                                  "put some statue on countertop"])
+def test_the_engines_task_lines_are_not_repeated(prompt, task):
+    text = prompt.task_text(task)
+    assert text.count("Your task is to") == 1 and "Task Description" not in text
+    assert text.endswith("Your task is to: put some statue on countertop." + AP.HISTORY_HEADER)
