@@ -424,6 +424,23 @@ def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     assert full > 0   # prompts at the length (a budget of 6 cuts the 7 to 9 tokens of later turns)
 
 
+def packed_episodes(history: str):
+    """The episodes of the packed-update tests: (domain, graphdef, params, batch, episode, update rows)."""
+    if history == "full":
+        domain, graphdef, params, batch, _, episode, packed = full_history_episodes(0, False)
+    else:
+        domain, graphdef, params, batch, _, episode, packed = window_episodes(6, False)
+    return domain, graphdef, params, batch, episode, packed
+
+
+@functools.lru_cache(maxsize=None)
+def recomputed_logprobs(history: str) -> np.ndarray:
+    """f32[N, S, T]: the update's log-probs of `packed_episodes(history)`' rows (computed once)."""
+    domain, graphdef, params, _, _, packed = packed_episodes(history)
+    run = rollout_lib.device_rollout(domain, graphdef, CFG)
+    return np.asarray(jax.jit(run.logprobs, static_argnums=2)(params, packed, 1.0)[0])
+
+
 @pytest.mark.parametrize("history", ["full", "window"])
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "episode_mean"])
 def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
@@ -431,13 +448,12 @@ def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
     teacher-forced pass over its stream; a window: the task read once, each turn's window and
     action after it) equal those through one row per turn with its prompt written out, and the
     recomputed log-probs are the sampler's."""
+    domain, graphdef, params, batch, episode, packed = packed_episodes(history)
     if history == "full":
-        domain, graphdef, params, _, _, _, packed = full_history_episodes(0, False)
         starts = np.asarray(packed["starts"])
         written = [np.asarray(packed["stream"][n])[: starts[n, t]].tolist()
                    for n in range(starts.shape[0]) for t in range(starts.shape[1])]
     else:
-        domain, graphdef, params, batch, _, episode, packed = window_episodes(6, False)
         written = [prompt for per_turn in written_out_window_prompts(domain, batch, episode) for prompt in per_turn]
     count, turns, length = packed["completions"].shape
     advantages = jnp.asarray(np.random.default_rng(0).normal(size=count).astype(np.float32))
@@ -447,9 +463,9 @@ def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
     if loss_agg == "episode_mean":   # the rows of one episode share its token count
         rows["episode_tokens"] = jnp.repeat(jnp.sum(packed["mask"], axis=(1, 2)).astype(jnp.float32), turns)
     run = rollout_lib.device_rollout(domain, graphdef, CFG)
-    logp, _ = jax.jit(run.logprobs, static_argnums=2)(params, packed, 1.0)
     taken = np.asarray(packed["mask"])
-    np.testing.assert_allclose(np.asarray(logp)[taken], np.asarray(packed["old_logp"])[taken], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(recomputed_logprobs(history)[taken], np.asarray(packed["old_logp"])[taken],
+                               rtol=1e-5, atol=1e-5)
     cfg = GRPOConfig(loss_agg=loss_agg, kl_coef=0.0)
 
     def loss(logprobs):
