@@ -174,7 +174,7 @@ def test_full_history_corpus_packs_each_episode_into_one_stream_read_once():
         turn += 1
     assert row == streams.size - 1
     pairs = sft.encode_corpus(words, texts, built.prompt_length, built.max_new_tokens)
-    graphdef, params = init_params(tiny_config(words.vocab_size, hidden_size=32, intermediate_size=64,
+    graphdef, params = init_params(tiny_config(words.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
                                                max_position=built.prompt_length + 8), jax.random.key(0))
     loss = jax.jit(jax.value_and_grad(lambda p, d: sft.completion_nll(graphdef, p, d)))
     (got, got_grads), (want, want_grads) = loss(params, streams), loss(params, pairs)
