@@ -216,9 +216,10 @@ def test_vmapped_programs_train_like_separate_calls(history):
     programs = stack_programs([compile_expr(parse(t, list(domain.primitive_names))) for t in texts])
     keys = jax.random.split(jax.random.key(1), 2)
     stacked, metrics = jax.jit(loop.train_many)(params, programs, keys, domain.train)
+    train = jax.jit(loop.train)   # compiled once for both programs
     for k in range(2):
         one = jax.tree_util.tree_map(lambda x, k=k: x[k], programs)
-        alone, alone_metrics = jax.jit(loop.train)(params, one, keys[k], domain.train)
+        alone, alone_metrics = train(params, one, keys[k], domain.train)
         np.testing.assert_allclose(metrics["reward_mean"][k], alone_metrics["reward_mean"], rtol=1e-5, atol=1e-6)
         for a, b in zip(jax.tree_util.tree_leaves(stacked), jax.tree_util.tree_leaves(alone), strict=True):
             np.testing.assert_allclose(np.asarray(a)[k], np.asarray(b), rtol=2e-4, atol=2e-5)
