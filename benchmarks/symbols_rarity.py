@@ -66,6 +66,17 @@ def sample_proposals(cfg, names: Sequence[str], count: int, seed: int, workdir: 
     return texts[:count]
 
 
+def is_valid(text: str, names: Sequence[str]) -> bool:
+    """Whether `text` is a reward the search would train (parses, finite on the probe points)."""
+    from derl_jax.experiment.protocol import compile_checked
+
+    try:
+        compile_checked(text, tuple(names), 0)
+    except ValueError:
+        return False
+    return True
+
+
 def pick_for_training(texts: Sequence[str], classes: Sequence[str], count: int, seed: int) -> list[int]:
     """Indices of `count` distinct proposals: up to count/4 of each class, the rest at random."""
     rng = np.random.default_rng(seed)
@@ -78,7 +89,7 @@ def pick_for_training(texts: Sequence[str], classes: Sequence[str], count: int, 
         of_class = [i for i in distinct if classes[i] == name]
         take = min(len(of_class), count // len(CLASSES))
         chosen += [int(i) for i in rng.choice(of_class, size=take, replace=False)] if take else []
-    rest = [i for i in distinct if i not in set(chosen)]
+    rest = [i for i in distinct if i not in set(chosen) and classes[i] in CLASSES]
     more = min(len(rest), count - len(chosen))
     chosen += [int(i) for i in rng.choice(rest, size=more, replace=False)] if more else []
     return chosen
@@ -104,10 +115,18 @@ def measure_level(config: str, proposals: int, train: int, seed: int, workdir: s
     start = time.time()
     cfg = load_config(config, seed, [])
     names = build.primitive_names(cfg)
-    texts = sample_proposals(cfg, names, proposals, seed, workdir, batch)
+    kept = os.path.join(workdir, "proposals.json")
+    texts = []
+    if os.path.exists(kept):   # proposals sampled before (same primitives, at least as many): not sampled again
+        with open(kept, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        if saved["primitives"] == list(names) and len(saved["texts"]) >= proposals:
+            texts = saved["texts"][:proposals]
+    if not texts:
+        texts = sample_proposals(cfg, names, proposals, seed, workdir, batch)
     classes = [reward_class(names, text) for text in texts]
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "proposals.json"), "w", encoding="utf-8") as handle:
+    with open(kept, "w", encoding="utf-8") as handle:
         json.dump({"primitives": list(names), "texts": texts, "classes": classes}, handle)
     counts = Counter(classes)
     p_top = counts["top"] / len(texts)
@@ -120,7 +139,10 @@ def measure_level(config: str, proposals: int, train: int, seed: int, workdir: s
     print(f"{config}: {names} p_top {p_top:.4f} {row['counts']} ({row['sample_seconds']:.0f} s)", flush=True)
     if train:
         domain = build.build_domain(cfg)
-        chosen = pick_for_training(texts, classes, train, seed)
+        valid = [is_valid(text, names) for text in texts]   # an invalid proposal trains nothing (score 0)
+        chosen = pick_for_training([t if v else "" for t, v in zip(texts, valid)],
+                                   [c if v else "invalid" for c, v in zip(classes, valid)], train, seed)
+        chosen = [i for i in chosen if valid[i]]
         reference = "+".join(f"g{i + 1}" for i, name in enumerate(names) if name in ALIGNED)
         scores = train_scores(cfg, domain, [reference] + [texts[i] for i in chosen], seed, workdir)
         threshold = 0.5 * scores[0]

@@ -4,9 +4,9 @@ The answer composes m aspects of the prompt string (reverse; then upper case; th
 terminator), each with one aligned dense primitive, next to D decoys
 (`derl_jax/domains/symbols_compose.py`, docs/domains/symbols.md). A reward is top-class when
 it uses every aligned primitive and no harmful decoy (`derl_jax/domains/symbols_classes.py`);
-the levels set (m, D) so that one random-search proposal is top-class with probability about
-0.1 (easy), 0.02 (medium) and at most 0.005 (hard), as measured by benchmarks/symbols_rarity.py
-(the table in docs/domains/symbols.md). One candidate costs what a symbols candidate costs (the
+the levels set (m, D) so that one random-search proposal is top-class with probability 0.081
+(easy), 0.042 (medium) and 0.006 (hard), as measured by benchmarks/symbols_rarity.py (the table
+in docs/domains/symbols.md). One candidate costs what a symbols candidate costs (the
 same model, inner run and completion length plus one token).
 
 Presets (`--config=configs/symbols_compose.py:<preset>`): easy, medium (the default), hard, smoke.
@@ -28,8 +28,9 @@ import ml_collections
 from configs import common
 from configs import symbols
 
-# (aspects m, decoys D) per level: chosen by the measured rarity of top-class proposals
-LEVELS = {"easy": (2, 1), "medium": (2, 4), "hard": (3, 4)}
+# (aspects m, decoys D) per level, chosen by the measured share of top-class random-search proposals
+# (2,000 each, benchmarks/results/symbols_rarity.json): easy 0.081, medium 0.042, hard 0.006
+LEVELS = {"easy": (2, 2), "medium": (2, 4), "hard": (3, 4)}
 BANDS = {"easy": {}, "medium": {}, "hard": {}}
 
 

@@ -133,7 +133,7 @@ def test_domain_splits_answers_and_classifier():
         assert domain.reward_class("g2+g3") == "top" and domain.reward_class("g4") == "decoy"
 
 
-@pytest.mark.parametrize("preset, aspects, decoys", [("easy", 2, 1), ("medium", 2, 4), ("hard", 3, 4)])
+@pytest.mark.parametrize("preset, aspects, decoys", [("easy", 2, 2), ("medium", 2, 4), ("hard", 3, 4)])
 def test_presets_validate(preset, aspects, decoys):
     cfg = load_config_module().get_config(preset)
     validate_config(cfg)
