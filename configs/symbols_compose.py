@@ -12,7 +12,7 @@ same model, inner run and completion length plus one token).
 Presets (`--config=configs/symbols_compose.py:<preset>`): easy, medium (the default), hard, smoke.
 
     python launch/run.py --config=configs/symbols_compose.py:medium --mode=final --expression="g2+g3" \\
-        --workdir=runs/compose_medium_top          # under a minute
+        --workdir=runs/compose_medium_top          # about 2 CPU-minutes, most of it the warm start
     python launch/run.py --config=configs/symbols_compose.py:hard --mode=compare --config.outer.iterations=20 \\
         --config.compare.methods="('derl','random')" --workdir=runs/compose_hard
 
