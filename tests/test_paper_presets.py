@@ -24,10 +24,12 @@ from derl_jax.outer import get_strategy
 from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
 from derl_jax.plan import report
 
-CONFIGS = {arith: ("default", "smoke"), math_config: ("default", "mixture", "tiny"),
-           gsm8k: ("default", "mixture", "tiny"), household: ("default", "smoke", "self_guide", "sg_smoke"),
-           alfworld: ("default", "derl_pop", "self_guide", "tiny", "sg_tiny"),
-           scienceworld: ("default", "derl_pop", "self_guide", "tiny", "sg_tiny")}
+_QWEN3 = ("self_guide_qwen3_1_7b", "self_guide_qwen3_4b")
+CONFIGS = {arith: ("default", "smoke"), math_config: ("default", "mixture", "authors_batch", "tiny"),
+           gsm8k: ("default", "mixture", "authors_batch", "tiny"),
+           household: ("default", "smoke", "self_guide", "sg_smoke"),
+           alfworld: ("default", "derl_pop", "self_guide", "tiny", "sg_tiny") + _QWEN3,
+           scienceworld: ("default", "derl_pop", "self_guide", "tiny", "sg_tiny") + _QWEN3}
 DESCRIBED = (math_config, gsm8k, household, alfworld, scienceworld)   # the math and agent domains
 EVERY = [(module, preset) for module, presets in CONFIGS.items() for preset in presets]
 ids = lambda case: f"{case[0].__name__.split('.')[-1]}:{case[1]}"  # noqa: E731
