@@ -74,7 +74,7 @@ def cases(tmp_path_factory):
         "bad_value": ((SMOKE, "--config.outer.iterations=-1", w("e7")), "config.outer.iterations must be >= 1, got -1"),
         "unknown_strategy": ((SMOKE, "--config.outer.strategy=grid", w("e8")), "config.outer.strategy must be one of ("),
         "unknown_flag": ((SMOKE, "--iterations=3", w("e10")), "Unknown command line flag 'iterations'"),
-        "unknown_mode": ((SMOKE, "--mode=fast", w("e11")), "--mode=fast: value should be one of <search|final|compare|plan>"),
+        "unknown_mode": ((SMOKE, "--mode=fast", w("e11")), "--mode=fast: value should be one of <search|final|compare|plan|export>"),
         "stray_argument": ((SMOKE, w("e12"), "final"), "unexpected arguments ['final']; flags take the form --name=value"),
         "expression_with_search": ((SMOKE, "--mode=search", "--expression=g1", w("e13")),
                                    "--expression applies to --mode=final only; --mode=search finds its own expressions"),
