@@ -176,6 +176,17 @@ def make_agent_domain(cfg: Any, tokenizer_dir: str) -> Domain:
     return dataclasses.replace(domain, corpus=functools.partial(agent_corpus, domain))
 
 
+def _played_over_workers(env: Any, num_rows: int, play_rows: Any) -> list:
+    """The turns of `num_rows` episodes, row r played by worker r % workers (`play_rows(worker)`
+    returns that worker's episodes in row order), flattened in row order."""
+    with ThreadPoolExecutor(env.workers.size) as pool:
+        per_worker = list(pool.map(play_rows, range(env.workers.size)))
+    episodes = [None] * num_rows
+    for worker, played in enumerate(per_worker):
+        episodes[worker::env.workers.size] = played
+    return [pair for episode in episodes for pair in episode]
+
+
 def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
                  ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids): the planner's turns of each training row except `holdout_rows`
@@ -190,12 +201,7 @@ def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), op
                                      phrasing=rules.PHRASING, self_guide=env.self_guide)
                 for row in keep[worker::env.workers.size]]
 
-    with ThreadPoolExecutor(env.workers.size) as pool:
-        per_worker = list(pool.map(play_rows, range(env.workers.size)))
-    episodes = [None] * len(keep)
-    for worker, played in enumerate(per_worker):
-        episodes[worker::env.workers.size] = played
-    return [pair for episode in episodes for pair in episode]
+    return _played_over_workers(env, len(keep), play_rows)
 
 
 class ExpertGame:
@@ -256,12 +262,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
         return [sw_corpus.play(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate, env.vocab,
                                **settings) for row in keep[worker::env.workers.size]]
 
-    with ThreadPoolExecutor(env.workers.size) as pool:
-        per_worker = list(pool.map(play_rows, range(env.workers.size)))
-    episodes = [None] * len(keep)
-    for worker, played in enumerate(per_worker):
-        episodes[worker::env.workers.size] = played
-    return [pair for episode in episodes for pair in episode]
+    return _played_over_workers(env, len(keep), play_rows)
 
 
 def validate_alfworld_config(cfg: Any) -> None:
