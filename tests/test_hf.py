@@ -16,11 +16,11 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from derl_jax.models import hf
+from hf_reference import our_logits, torch_logits
 from derl_jax.models import sampling as sm
 from derl_jax.models import transformer as tr
 
 VOCAB = 96
-_forward = jax.jit(tr.apply, static_argnums=0)
 
 
 def _torch_model(num_kv_heads: int, tied: bool, seed: int = 0) -> transformers.Qwen2ForCausalLM:
@@ -38,25 +38,6 @@ def _torch_model(num_kv_heads: int, tied: bool, seed: int = 0) -> transformers.Q
     return model
 
 
-def _torch_logits(model, tokens: np.ndarray, attention_mask: np.ndarray | None = None,
-                  positions: np.ndarray | None = None) -> np.ndarray:
-    kwargs = {}
-    if attention_mask is not None:
-        kwargs = dict(attention_mask=torch.tensor(attention_mask, dtype=torch.long),
-                      position_ids=torch.tensor(positions, dtype=torch.long))
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long), **kwargs).logits.float().numpy()
-
-
-def _ours(config, params, tokens: np.ndarray, mask: np.ndarray | None = None, positions=None) -> np.ndarray:
-    graphdef, _ = tr.abstract_model(config)
-    batch, length = tokens.shape
-    if positions is None:
-        positions = np.broadcast_to(np.arange(length), (batch, length))
-    attention = None if mask is None else mask[:, None, :] & np.tril(np.ones((length, length), bool))[None]
-    logits, _ = _forward(graphdef, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32),
-                         None if attention is None else jnp.asarray(attention))
-    return np.asarray(logits)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +66,7 @@ def own_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("num_kv_heads, tied, sharded", [(1, False, False), (4, False, True)])
-def test_loaded_checkpoint_matches_torch_logits(tmp_path, num_kv_heads, tied, sharded):
+def test_loaded_checkpoint_matchestorch_logits(tmp_path, num_kv_heads, tied, sharded):
     model = _torch_model(num_kv_heads, tied)
     model.save_pretrained(str(tmp_path), **({"max_shard_size": "60KB"} if sharded else {}))
     assert os.path.isfile(tmp_path / hf.INDEX_FILE) == sharded
@@ -94,7 +75,7 @@ def test_loaded_checkpoint_matches_torch_logits(tmp_path, num_kv_heads, tied, sh
         num_kv_heads, tied, 16, "float32")
     assert ("lm_head" in nnx.to_pure_dict(params)) != tied
     tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 9))
-    np.testing.assert_allclose(_ours(config, params, tokens), _torch_logits(model, tokens), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(our_logits(config, params, tokens), torch_logits(model, tokens), atol=1e-5, rtol=0)
 
 
 def test_tied_sharded_checkpoint_matches_torch_with_left_padding(tied_checkpoint):
@@ -108,8 +89,8 @@ def test_tied_sharded_checkpoint_matches_torch_with_left_padding(tied_checkpoint
     mask[1, :3] = False
     mask[2, :6] = False
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    ours = _ours(config, params, tokens, mask, positions)
-    theirs = _torch_logits(model, tokens, mask.astype(np.int64), positions)
+    ours = our_logits(config, params, tokens, mask, positions)
+    theirs = torch_logits(model, tokens, mask.astype(np.int64), positions)
     np.testing.assert_allclose(ours[mask], theirs[mask], atol=1e-5, rtol=0)
 
 
@@ -133,7 +114,7 @@ def test_our_checkpoint_loads_in_transformers_with_the_same_logits(own_checkpoin
     config, params, path = own_checkpoint
     torch_model = transformers.Qwen2ForCausalLM.from_pretrained(path).eval()
     tokens = np.random.default_rng(2).integers(0, VOCAB, (2, 7))
-    np.testing.assert_allclose(_torch_logits(torch_model, tokens), _ours(config, params, tokens), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(torch_logits(torch_model, tokens), our_logits(config, params, tokens), atol=1e-5, rtol=0)
     loaded_config, loaded = hf.load_hf_checkpoint(path)
     assert loaded_config == config
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(loaded)):

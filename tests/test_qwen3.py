@@ -14,13 +14,13 @@ from flax import nnx, traverse_util
 from safetensors import safe_open
 
 from derl_jax.models import hf
+from hf_reference import our_logits, torch_logits
 from derl_jax.models import sampling as sm
 from derl_jax.models import streams as st
 from derl_jax.models import transformer as tr
 
 VOCAB = 96
 HEAD_DIM = 24   # not hidden / heads (64 / 4 = 16), as in Qwen3 models
-_forward = jax.jit(tr.apply, static_argnums=0)
 
 
 def _torch_model(tied: bool, seed: int = 0) -> transformers.Qwen3ForCausalLM:
@@ -38,25 +38,6 @@ def _torch_model(tied: bool, seed: int = 0) -> transformers.Qwen3ForCausalLM:
     return model
 
 
-def _torch_logits(model, tokens: np.ndarray, mask: np.ndarray | None = None,
-                  positions: np.ndarray | None = None) -> np.ndarray:
-    kwargs = {}
-    if mask is not None:
-        kwargs = dict(attention_mask=torch.tensor(mask, dtype=torch.long),
-                      position_ids=torch.tensor(positions, dtype=torch.long))
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long), **kwargs).logits.float().numpy()
-
-
-def _ours(config, params, tokens: np.ndarray, mask: np.ndarray | None = None, positions=None) -> np.ndarray:
-    graphdef, _ = tr.abstract_model(config)
-    batch, length = tokens.shape
-    if positions is None:
-        positions = np.broadcast_to(np.arange(length), (batch, length))
-    attention = None if mask is None else mask[:, None, :] & np.tril(np.ones((length, length), bool))[None]
-    logits, _ = _forward(graphdef, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32),
-                         None if attention is None else jnp.asarray(attention))
-    return np.asarray(logits)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -100,7 +81,7 @@ def test_loaded_qwen3_matches_torch_logits_and_next_token_distribution(request, 
     np.testing.assert_array_equal(np.asarray(layer["k_norm"]["scale"]),
                                   model.model.layers[0].self_attn.k_norm.weight.detach().numpy())
     tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 9))
-    ours, theirs = _ours(config, params, tokens), _torch_logits(model, tokens)
+    ours, theirs = our_logits(config, params, tokens), torch_logits(model, tokens)
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
     np.testing.assert_allclose(_softmax(ours[:, -1]), _softmax(theirs[:, -1]), atol=1e-5, rtol=0)
 
@@ -114,8 +95,8 @@ def test_qwen3_matches_torch_with_left_padding(tied):
     mask[1, :3] = False
     mask[2, :6] = False
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    ours = _ours(config, params, tokens, mask, positions)
-    theirs = _torch_logits(model, tokens, mask.astype(np.int64), positions)
+    ours = our_logits(config, params, tokens, mask, positions)
+    theirs = torch_logits(model, tokens, mask.astype(np.int64), positions)
     np.testing.assert_allclose(ours[mask], theirs[mask], atol=1e-5, rtol=0)
 
 
@@ -144,7 +125,7 @@ def _torch_logprobs(model, tokens: np.ndarray, mask: np.ndarray, completions: np
     full = np.concatenate([tokens, completions], axis=1)
     full_mask = np.concatenate([mask, np.ones(completions.shape, bool)], axis=1)
     positions = np.maximum(np.cumsum(full_mask, axis=1) - 1, 0)
-    logits = _torch_logits(model, full, full_mask.astype(np.int64), positions)[:, tokens.shape[1] - 1:-1]
+    logits = torch_logits(model, full, full_mask.astype(np.int64), positions)[:, tokens.shape[1] - 1:-1]
     logp = np.log(_softmax(logits.astype(np.float64)))
     return np.take_along_axis(logp, completions[..., None], axis=-1)[..., 0]
 
@@ -225,7 +206,7 @@ def test_saved_qwen3_loads_in_transformers_with_the_same_logits(tmp_path, tied):
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
     assert isinstance(torch_model, transformers.Qwen3ForCausalLM)
     tokens = np.random.default_rng(2).integers(0, VOCAB, (2, 7))
-    np.testing.assert_allclose(_torch_logits(torch_model, tokens), _ours(config, params, tokens), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(torch_logits(torch_model, tokens), our_logits(config, params, tokens), atol=1e-5, rtol=0)
     loaded_config, loaded = hf.load_hf_checkpoint(str(tmp_path))
     assert loaded_config == config
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(loaded)):
