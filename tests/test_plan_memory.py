@@ -140,10 +140,14 @@ def test_the_logits_term_is_reported_apart_from_the_layers():
     shape = report.PRESETS["math_3b"]()
     sizes = analytic.per_device(shape)
     rows = 64 * 5 // 4                                   # one minibatch of rollouts
-    assert analytic.logits_bytes_estimate(shape) == 9 * rows * 512 * 151_936   # LOGITS_BYTES_PER_ELEMENT
+    live = (1 << 30) // (rows * 151_936 * 4)             # positions per chunk of f32 logits (22 of 512)
+    assert live == 22
+    assert analytic.logits_bytes_estimate(shape) == 9 * rows * live * 151_936   # LOGITS_BYTES_PER_ELEMENT
     assert sizes["logits"] == 8 * analytic.logits_bytes_estimate(shape)        # all 8 candidates in flight
     split = shape.replace(mesh=(1, 2, 4))                                      # rows over 'data', vocabulary over 'model'
-    assert analytic.logits_bytes_estimate(split) == 9 * (rows // 2) * 512 * 151_936 // 4
+    assert analytic.logits_bytes_estimate(split) == 9 * (rows // 2) * live * 151_936 // 4
+    short = shape.replace(new_tokens=16)                 # 80 x 16 positions fit the threshold: one pass
+    assert analytic.logits_bytes_estimate(short) == 9 * rows * 16 * 151_936
     planned = report.plan(shape, "h100", fraction=0.75)
     assert planned["logits_bytes"] == sizes["logits"] and planned["meta_bytes"] == sizes["meta"]
     assert planned["peak_bytes"] == (sizes["params"] + sizes["optimizer"] + sizes["meta"]

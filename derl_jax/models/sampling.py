@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from derl_jax.models.attention import HeadMajorCache, init_head_major_cache
+from derl_jax.models.logits import head_logp_and_entropy, logp_and_entropy  # noqa: F401 (logp_and_entropy re-exported)
 from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
 from derl_jax.models.config import ModelConfig
 
@@ -435,28 +436,6 @@ def constraint_masks(constraint: Constraint, tokens: jax.Array) -> jax.Array:
     return jnp.swapaxes(masks, 0, 1)
 
 
-_EXCLUDED_LOGIT = -1e30  # finite, so masked entries give 0 * log 0 = 0 with finite gradients
-
-
-def logp_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(log softmax(logits)[tokens], entropy of softmax(logits)) f32[B, T] from logits f32[B, T, V]
-    and tokens i32[B, T].
-
-    Written with the log-sum-exp instead of a materialised log-softmax: logp = logit[token] -
-    lse and entropy = lse - sum(softmax * logits), so the forward makes two fused passes over
-    the [B, T, V] logits and the backward of logp one (softmax * dlse), not a log-softmax array
-    and its gradient over the whole vocabulary. The entropy's gradient is exact too.
-    """
-    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    shifted = logits - top
-    total = jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True)
-    lse = jnp.log(total)
-    picked = jnp.take_along_axis(shifted, tokens[..., None], axis=-1)[..., 0]
-    probs = jnp.exp(shifted - lse)
-    entropy = lse[..., 0] - jnp.sum(probs * shifted, axis=-1)
-    return picked - lse[..., 0], entropy
-
-
 def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
                       prompt_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array,
                       temperature: float = 1.0, allowed: jax.Array | None = None, group_size: int = 1,
@@ -502,13 +481,10 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
         hidden, _ = apply_hidden(graphdef, params, completions[:, :-1].astype(jnp.int32), positions, mask, cache,
                                  prompt_length, saved=saved)
         predicting = jnp.concatenate([predicting, hidden], axis=1)
-    logits = apply_logits(graphdef, params, predicting) / temperature
-    if allowed is not None:
-        if allowed.shape != logits.shape:
-            raise ValueError(
-                f"sequence_logprobs: allowed must be [B, T, V] = {logits.shape}, got {allowed.shape}")
-        logits = jnp.where(allowed, logits, _EXCLUDED_LOGIT)
-    logp, entropy = logp_and_entropy(logits, completions.astype(jnp.int32))
+    if allowed is not None and allowed.shape != (*completions.shape, config_of(graphdef, params).vocab_size):
+        raise ValueError(f"sequence_logprobs: allowed must be [B, T, V] = "
+                         f"{(*completions.shape, config_of(graphdef, params).vocab_size)}, got {allowed.shape}")
+    logp, entropy = head_logp_and_entropy(graphdef, params, predicting, completions, temperature, allowed)
     logp, entropy = jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
     chex.assert_shape([logp, entropy], completions.shape)
     return logp, entropy

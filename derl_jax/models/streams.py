@@ -18,8 +18,9 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from derl_jax.models.attention import HeadMajorCache, init_head_major_cache, write_slots
-from derl_jax.models.sampling import SampleOutput, decode, logp_and_entropy, prompt_positions
-from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
+from derl_jax.models.logits import head_logp_and_entropy
+from derl_jax.models.sampling import SampleOutput, decode, prompt_positions
+from derl_jax.models.transformer import apply_hidden, config_of
 
 
 
@@ -250,8 +251,8 @@ def stream_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array
     hidden = causal_hidden(graphdef, params, tokens, valid, block)
     at = jnp.clip(starts[:, :, None] - 1 + jnp.arange(length), 0, capacity - 1).reshape(batch, turns * length)
     predicting = jnp.take_along_axis(hidden, at[:, :, None], axis=1)
-    logits = apply_logits(graphdef, params, predicting) / temperature
-    logp, entropy = logp_and_entropy(logits, completions.reshape(batch, turns * length).astype(jnp.int32))
+    logp, entropy = head_logp_and_entropy(graphdef, params, predicting,
+                                          completions.reshape(batch, turns * length), temperature)
     logp, entropy = logp.reshape(completions.shape), entropy.reshape(completions.shape)
     completion_mask = completion_mask.astype(bool)
     return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)
@@ -381,6 +382,5 @@ def _after_prefix(graphdef, params, prefix_last, prefix_mask, prefix_cache, bloc
     has_block = jnp.any(block_mask, axis=1, keepdims=True)
     first = jnp.where(has_block, hidden[:, 0], prefix_last)
     predicting = jnp.concatenate([first[:, None], hidden[:, 1:]], axis=1)
-    logits = apply_logits(graphdef, params, predicting) / temperature
-    logp, entropy = logp_and_entropy(logits, completions)
+    logp, entropy = head_logp_and_entropy(graphdef, params, predicting, completions, temperature)
     return jnp.where(completion_mask, logp, 0.0), jnp.where(completion_mask, entropy, 0.0)

@@ -40,6 +40,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from derl_jax.models.logits import chunk_positions
 from derl_jax.models.sampling import PREDRAWN_NOISE_MAX_ELEMENTS
 from derl_jax.models.transformer import ModelConfig
 
@@ -264,6 +265,8 @@ def update_step_flops(shape: RunShape) -> int:
         total += prefill_layers_flops(config, prompts, tp, keys) + layers_flops(config, rows * (t - 1), keys)
         mlp_tokens = (config.num_layers - 1) * prompts * tp + prompts + config.num_layers * rows * (t - 1)
         total -= 2 * config.hidden_size * config.intermediate_size * mlp_tokens
+    if chunk_positions(rows, t, config.vocab_size) < t:  # the backward recomputes each chunk's logits
+        total += logits_flops(config, rows * t)
     return total
 
 
@@ -323,13 +326,15 @@ LOGITS_BYTES_PER_ELEMENT = 9
 
 
 def logits_bytes_estimate(shape: RunShape) -> int:
-    """Per candidate and device: the update's logits over the whole vocabulary for every
-    completion token of a minibatch (`sequence_logprobs` materialises f32 [rows, T, V] and the
-    backward its gradient; `LOGITS_BYTES_PER_ELEMENT`; the vocabulary splits over 'model' when
-    it divides it)."""
+    """Per candidate and device: the update's logits over the whole vocabulary for the completion
+    positions of a minibatch that are live at once (`sequence_logprobs` computes f32 [rows, T, V]
+    in chunks of `derl_jax.models.logits.chunk_positions` positions of the minibatch's global
+    shape, and the backward recomputes one chunk and its gradient at a time;
+    `LOGITS_BYTES_PER_ELEMENT`; the vocabulary splits over 'model' when it divides it)."""
     config, model = shape.model, shape.mesh[2]
     ways = model if config.vocab_size % model == 0 else 1
-    elements = _update_rows_per_device(shape) * shape.new_tokens * config.vocab_size
+    live = chunk_positions(shape.update_rows // shape.minibatches, shape.new_tokens, config.vocab_size)
+    elements = _update_rows_per_device(shape) * live * config.vocab_size
     return LOGITS_BYTES_PER_ELEMENT * elements // ways
 
 
