@@ -55,8 +55,8 @@ def test_appended_chunks_read_like_one_prompt_of_their_tokens():
     batch, capacity = 3, 40
     stream = start_stream(graphdef, params, batch, capacity, 4, PAD)
     rows: list[list[int]] = [[] for _ in range(batch)]
-    for width, empty in ((7, ()), (5, (1,)), (6, (0, 2))):
-        tokens, valid = random_chunk(rng, batch, width, empty)
+    for empty in ((), (1,), (0, 2)):   # chunks of one width: one compiled `append` for this file's streams
+        tokens, valid = random_chunk(rng, batch, 6, empty)
         stream = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
         for b in range(batch):
             rows[b] += tokens[b][valid[b]].tolist()
@@ -84,7 +84,7 @@ def test_a_chunk_packed_to_its_fullest_row_gives_the_same_stream():
     theirs), whichever width that is."""
     graphdef, params = tiny_model()
     rng = np.random.default_rng(4)
-    stream = start_stream(graphdef, params, 3, 40, 3, PAD)
+    stream = start_stream(graphdef, params, 3, 40, 4, PAD)
     first, first_valid = random_chunk(rng, 3, 6)
     stream = append(graphdef, params, stream, jnp.asarray(first), jnp.asarray(first_valid))
     assert streams.block_widths(11, 4) == (3, 6, 9, 11)
@@ -118,10 +118,14 @@ def test_decoding_reads_the_slots_streams_hold_and_maps_one_read_over_streams():
     graphdef, params = tiny_model()
     rng = np.random.default_rng(8)
     made = []
-    for width in (5, 30):   # 40 slots: reads of 10 and of all 40
+    for chunks in (1, 6):   # 40 slots: reads of 10 (up to 6 tokens) and of all 40 (36 tokens)
         stream = start_stream(graphdef, params, 3, 40, 4, PAD)
-        tokens, valid = random_chunk(rng, 3, width)
-        made.append(append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid)))
+        for _ in range(chunks):
+            tokens, valid = random_chunk(rng, 3, 6)
+            valid |= chunks > 1
+            stream = append(graphdef, params, stream, jnp.asarray(tokens), jnp.asarray(valid))
+        made.append(stream)
+    assert int(made[0].length.max()) <= 10 and int(made[1].length.min()) > 30
     key = jax.random.key(9)
     outs = []
     for stream in made:
@@ -196,11 +200,12 @@ def episode_streams(rng, batch: int, turns: int, length: int):
     return tokens, valid, starts, completions, mask, taken
 
 
-@pytest.mark.parametrize("temperature, block", [(1.0, streams.STREAM_BLOCK), (0.7, 5)])
-def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradients(temperature, block):
+# the second layer reads the first's keys and values alike: two layers for one case, one for the other
+@pytest.mark.parametrize("temperature, block, layers", [(1.0, streams.STREAM_BLOCK, 2), (0.7, 5, 1)])
+def test_one_pass_over_a_stream_gives_every_turn_its_rows_log_probs_and_gradients(temperature, block, layers):
     """Each turn's completion scored in the packed pass equals its own row (the stream up to the
     turn as a prompt, the completion after it), and so does the gradient of any weighting."""
-    graphdef, params = tiny_model(seed=2)
+    graphdef, params = tiny_model(seed=2, num_layers=layers)
     rng = np.random.default_rng(2)
     batch, turns, length = 3, 4, 3
     tokens, valid, starts, completions, mask, taken = episode_streams(rng, batch, turns, length)
@@ -242,18 +247,18 @@ def prefixed_rows(rng, batch: int, turns: int, width: int, length: int, longest:
     return prefix, prefix_mask, blocks, block_mask, completions, mask, written_out
 
 
-@pytest.mark.parametrize("temperature, chunks, groups, widths",
-                         [(1.0, 1, 1, 1), (0.7, 3, 1, 1), (1.0, 2, 8, 4),
+@pytest.mark.parametrize("temperature, chunks, groups, widths, layers",
+                         [(1.0, 1, 1, 1, 2), (0.7, 3, 1, 1, 1), (1.0, 2, 8, 4, 1),
                           # fast: the grouped rows with padding (2, 8, 4); without, test_groups_of_rows_..._once[2-3-2]
-                          pytest.param(0.7, 3, 5, 3, marks=pytest.mark.slow),
-                          pytest.param(1.0, 3, 3, 2, marks=pytest.mark.slow)])
-def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks, groups, widths):
+                          pytest.param(0.7, 3, 5, 3, 1, marks=pytest.mark.slow)])
+def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks, groups, widths, layers):
     """A shared prefix (left padded, of different lengths), then each row's own block (real tokens
     to the right, one row with none) and completion: log-probs, entropies and gradients equal
     `sequence_logprobs` of every row written out as one prompt, whether every row runs at the
     block's width or the rows run in groups by block length, each cut to a width of its own
-    (12 rows in 8, 5 or 3 groups of one to four rows, the last padded, and 4, 3 or 2 widths)."""
-    graphdef, params = tiny_model(seed=4)
+    (12 rows in 8 or 5 groups of two or three rows, the last padded, and 4 or 3 widths). The
+    layers read the prefix's keys and values alike: two layers for one case, one for the others."""
+    graphdef, params = tiny_model(seed=4, num_layers=layers)
     rng = np.random.default_rng(4)
     prefix, prefix_mask, blocks, block_mask, completions, mask, rows = prefixed_rows(rng, 3, 4, 6, 3)
     weights = jnp.asarray(rng.normal(size=mask.shape).astype(np.float32))
@@ -274,8 +279,8 @@ def test_groups_of_rows_with_one_prefix_run_it_once(group_size, groups, widths):
     """Prefixes repeated in groups of `group_size` (GRPO's episodes of one task), run once per
     group: log-probs, entropies and gradients still equal every row written out, and the jaxpr's
     prefix pass covers the distinct prefixes only; a group size that does not divide the
-    prefixes is refused."""
-    graphdef, params = tiny_model(seed=5)
+    prefixes is refused. One layer: the layers' reading of the prefix is the test above's."""
+    graphdef, params = tiny_model(seed=5, num_layers=1)
     rng = np.random.default_rng(5)
     batch = 2 * group_size
     prefix, prefix_mask, blocks, block_mask, completions, mask, rows = prefixed_rows(rng, batch, 3, 6, 3,

@@ -187,7 +187,8 @@ def test_keeping_the_last_positions_matches_the_full_forward(last, remat, cache_
         return tr.apply_hidden(graphdef, params, tokens, jnp.asarray(positions), jnp.asarray(full_mask), cache, 0,
                                last=keep)
 
-    (full, full_cache), (kept, kept_cache) = run(params, None), run(params, last)
+    # compiled: run op by op, the forward and its gradient compile hundreds of small programs
+    (full, full_cache), (kept, kept_cache) = (jax.jit(run, static_argnums=1)(params, keep) for keep in (None, last))
     assert kept.shape == (batch, last, config.hidden_size)
     np.testing.assert_allclose(np.asarray(kept), np.asarray(full[:, -last:]), atol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(full_cache), jax.tree_util.tree_leaves(kept_cache)):
@@ -202,7 +203,7 @@ def test_keeping_the_last_positions_matches_the_full_forward(last, remat, cache_
         extra = 0.0 if new_cache is None else sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(new_cache))
         return jnp.sum(tr.apply_logits(graphdef, params, hidden[:, -1]) ** 2) + extra
 
-    grads_full, grads_kept = jax.grad(loss)(params, None), jax.grad(loss)(params, last)
+    grads_full, grads_kept = (jax.jit(jax.grad(loss), static_argnums=1)(params, keep) for keep in (None, last))
     for a, b in zip(jax.tree_util.tree_leaves(grads_full), jax.tree_util.tree_leaves(grads_kept)):
         a, b = np.asarray(a), np.asarray(b)   # float32 sums of terms up to ~100: relative to the leaf's scale
         np.testing.assert_allclose(b, a, atol=1e-6 * np.abs(a).max(), rtol=0)
