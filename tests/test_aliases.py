@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from derl_jax.expr.canonical import canonical
 from derl_jax.expr.parse import parse
 from derl_jax.experiment.run import check_expression
 from primitives import registry
-from test_launch import REPO_ROOT, SCRIPT, SMOKE, invoke, launcher  # noqa: F401  (the fixture)
+from test_launch import invoke, launcher  # noqa: F401  (the fixture)
 
 ARITH = ("correct", "boxed", "steps")
 
@@ -62,13 +60,16 @@ def left_out():
 
 
 def test_final_mode_with_aliases_trains_the_named_primitives(launcher, tmp_path, capsys, left_out):  # noqa: F811
-    invoke(launcher, "--mode=final", f"--workdir={tmp_path / 'alias'}", "--expression=outcome+format")
+    # the real script's final mode: test_launch's subprocess runs; here its flags, aliases included
+    invoke(launcher, "--mode=final", f"--workdir={tmp_path / 'alias'}", "--expression=outcome+format",
+           "--config.final.steps=2")
     invoke(launcher, "--mode=final", f"--workdir={tmp_path / 'names'}", "--expression=correct+boxed")
     aliased = json.load(open(tmp_path / "alias" / "final_result.json"))
     named = json.load(open(tmp_path / "names" / "final_result.json"))
     assert aliased["expression"] == "correct+boxed" and aliased["canonical"] == named["canonical"] == "g1 + g2"
     assert aliased["test"] == named["test"]
     saved = json.load(open(tmp_path / "alias" / "config.json"))     # final mode writes config.json too
+    assert saved["final"]["steps"] == 2
     assert saved["domain"]["kind"] == "arith" and saved["name"] == json.load(open(tmp_path / "names" / "config.json"))["name"]
     with pytest.raises(SystemExit) as info:
         invoke(launcher, "--mode=final", f"--workdir={tmp_path / 'missing'}", "--expression=outcome+early")
@@ -77,18 +78,6 @@ def test_final_mode_with_aliases_trains_the_named_primitives(launcher, tmp_path,
     assert err.startswith("launch/run.py: error: --expression='outcome+early': parse error at 8: unknown name 'early'")
     assert err.endswith("add it with --config.primitives.extra=\"('ends_early',)\"") and "\n" not in err
     assert not os.path.exists(tmp_path / "missing" / "config.json")   # nothing written for a rejected input
-
-
-@pytest.mark.slow
-def test_the_script_runs_final_mode_with_aliases(tmp_path):
-    command = [sys.executable, SCRIPT, f"--config={SMOKE}", "--mode=final", "--expression=outcome+format",
-               f"--workdir={tmp_path}", "--noprogress", "--config.final.steps=2"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    final = json.load(open(tmp_path / "final_result.json"))
-    assert final["expression"] == "correct+boxed" and 0.0 <= final["test"] <= 1.0
-    assert json.load(open(tmp_path / "config.json"))["final"]["steps"] == 2
 
 
 @pytest.fixture
