@@ -71,15 +71,19 @@ def check_samples(grammar, ids, limits, final):
     return texts
 
 
-@pytest.fixture(scope="module")
-def samples():
+def draw_samples(batch: int):
+    """(grammar, ids, limits, any_allowed, final) of `batch` samples at budgets of 2 to 96 symbols."""
     grammar = G.make_grammar(4, 96, max_depth=8)
     rng = np.random.default_rng(0)
-    batch = 10_000
     limits = rng.choice([2, 3, 5, 8, 24, 48, 96], size=batch).astype(np.int32)
     eos_bias = np.where(rng.random(batch) < 0.5, -4.0, 0.0).astype(np.float32)
     ids, any_allowed, final = SAMPLE(grammar, jax.random.key(0), jnp.asarray(limits), jnp.asarray(eos_bias))
     return grammar, np.asarray(ids), limits, np.asarray(any_allowed), final
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return draw_samples(10_000)
 
 
 @pytest.mark.slow
@@ -98,9 +102,9 @@ def test_every_sample_parses_compiles_and_ends_in_budget(samples):
     assert unused == [G.BOS], unused
 
 
-def test_samples_reencode_to_the_same_ids(samples):
-    grammar, ids, limits, _, _ = samples
-    for row in ids[:150]:
+def test_samples_reencode_to_the_same_ids():
+    grammar, ids, limits, _, _ = draw_samples(150)
+    for row in ids:
         end = int(np.argmax(row == grammar.eos_id))
         assert grammar.encode(grammar.decode(row)) == row[: end + 1].tolist()
 
