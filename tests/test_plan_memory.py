@@ -153,3 +153,19 @@ def test_the_logits_term_is_reported_apart_from_the_layers():
     assert planned["peak_bytes"] == (sizes["params"] + sizes["optimizer"] + sizes["meta"]
                                      + max(sizes["kv_cache"] + sizes["sampling"],
                                            sizes["gradients"] + sizes["activations"] + sizes["logits"]))
+
+
+def test_sampling_counts_the_decode_phases_copy_of_the_cache():
+    """arith's shape: 32 rows of 7 prompt + 28 new tokens; the decode's phases read 16, 32, then
+    all 35 slots, so a copy of the cache's first 32 slots lives beside the cache (XLA's buffer
+    assignment of the compiled sampler shows it); the prefill's layer of 8 prompts is smaller."""
+    model = tr.ModelConfig(vocab_size=21, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=16)
+    shape = analytic.RunShape(model=model, num_candidates=8, prompts_per_step=8, group_size=4, prompt_tokens=7,
+                              new_tokens=28)
+    noise = 16 * 32 * 21 * 28                                        # NOISE_BYTES_PER_ELEMENT x [T, N, V]
+    prefix = 2 * 2 * 32 * 2 * 32 * 16 * 4                            # L x (k, v) x rows x Kv x 32 slots x Dh x f32
+    assert analytic.layer_buffers_bytes(model, 8, 7, 35) < prefix
+    assert analytic.sampling_temp_bytes(shape) == noise + prefix
+    short = shape.replace(new_tokens=8)                              # 15 slots: one phase reads them all
+    assert analytic.sampling_temp_bytes(short) == 16 * 32 * 21 * 8 + analytic.layer_buffers_bytes(model, 8, 7, 15)

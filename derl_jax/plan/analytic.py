@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from derl_jax.models.logits import chunk_positions
-from derl_jax.models.sampling import PREDRAWN_NOISE_MAX_ELEMENTS
+from derl_jax.models.sampling import PREDRAWN_NOISE_MAX_ELEMENTS, decode_phases
 from derl_jax.models.transformer import ModelConfig
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -345,16 +345,23 @@ NOISE_BYTES_PER_ELEMENT = 16
 
 
 def sampling_temp_bytes(shape: RunShape) -> int:
-    """Per candidate and device, besides the KV cache: `sample`'s Gumbel noise and the largest
-    layer of its prefill (the distinct prompts, each reading the whole cache)."""
-    config, cand, data, model = shape.model, *shape.mesh
+    """Per candidate and device, besides the KV cache: `sample`'s Gumbel noise (live through the
+    decode) and the larger of the largest layer of its prefill (the distinct prompts, each reading
+    the whole cache) and the decode's copy of the cache's first slots (`decode_phases`: a phase
+    that reads fewer slots than the cache holds carries a copy of them)."""
+    config, data, model = shape.model, shape.mesh[1], shape.mesh[2]
     rows = -(-shape.rollouts // data)
     draws = rows * config.vocab_size
     if shape.new_tokens * draws <= PREDRAWN_NOISE_MAX_ELEMENTS:
         draws *= shape.new_tokens
     prompts = max(rows // shape.prefill_group, 1)
-    prefill = layer_buffers_bytes(config, prompts, shape.prompt_tokens, shape.prompt_tokens + shape.new_tokens, model)
-    return NOISE_BYTES_PER_ELEMENT * draws + prefill
+    length = shape.prompt_tokens + shape.new_tokens
+    prefill = layer_buffers_bytes(config, prompts, shape.prompt_tokens, length, model)
+    heads_split = model if config.num_kv_heads % model == 0 else 1
+    prefix_slots = max([slots for _, _, slots in decode_phases(shape.prompt_tokens, shape.new_tokens, length)
+                        if slots < length], default=0)
+    prefix = kv_cache_bytes(config, rows, prefix_slots) // heads_split
+    return NOISE_BYTES_PER_ELEMENT * draws + max(prefill, prefix)
 
 
 def meta_bytes(shape: RunShape) -> int:
