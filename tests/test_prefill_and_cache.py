@@ -1,6 +1,8 @@
 """Shared-prompt prefill, the head-major KV cache, pre-drawn sampling noise and the rotary
 tables, each against the plain computation it replaces."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,8 +56,8 @@ def test_head_major_cache_decodes_like_the_kv_cache_and_the_full_forward(model):
     batch, prompt_len, total = 2, 4, 9
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, VOCAB, (batch, total)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(total), (batch, total))
-    full, _ = tr.apply(graphdef, params, tokens, positions)
     forward = jax.jit(tr.apply, static_argnums=0)
+    full, _ = forward(graphdef, params, tokens, positions)
     caches = {"kv": attention.init_cache(config, batch, total), "head_major": attention.init_head_major_cache(config, batch, total)}
     assert caches["head_major"].length == total and caches["head_major"].k[0].shape == (batch, 2, total, 8)
     logits = {}
@@ -141,7 +143,8 @@ def test_grouped_sequence_logprobs_match_a_full_forward_in_values_and_gradients(
         np.testing.assert_allclose(np.asarray(entropy), np.asarray(entropy_ref), atol=2e-5)
         for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_ref)):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
-    one, _ = sm.sequence_logprobs(graphdef, params, prompts, prompt_mask, completions[:, :1], completion_mask[:, :1])
+    one, _ = jax.jit(sm.sequence_logprobs, static_argnums=0)(graphdef, params, prompts, prompt_mask, completions[:, :1],
+                                                             completion_mask[:, :1])
     np.testing.assert_allclose(np.asarray(one), np.asarray(logp_ref)[:, :1], atol=2e-5)
 
 
@@ -161,9 +164,11 @@ def test_noise_drawn_step_by_step_samples_what_the_pre_drawn_noise_samples(model
     _, graphdef, params = model
     prompts, mask = grouped
     options = dict(max_new_tokens=6, eos_id=VOCAB, pad_id=0, temperature=1.3)
-    pre_drawn = sm.sample(graphdef, params, prompts, mask, jax.random.key(8), **options)
+    pre_drawn = sm.sample_jit(graphdef, params, prompts, mask, jax.random.key(8), **options)
     monkeypatch.setattr(sm, "PREDRAWN_NOISE_MAX_ELEMENTS", 0)
-    per_step = sm.sample(graphdef, params, prompts, mask, jax.random.key(8), **options)
+    # jitted afresh: traced under the patched limit
+    per_step = jax.jit(functools.partial(sm.sample, **options), static_argnums=0)(
+        graphdef, params, prompts, mask, jax.random.key(8))
     assert np.array_equal(np.asarray(per_step.tokens), np.asarray(pre_drawn.tokens))
     np.testing.assert_allclose(np.asarray(per_step.logprobs), np.asarray(pre_drawn.logprobs), atol=1e-6)
 
