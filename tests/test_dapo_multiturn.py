@@ -20,8 +20,7 @@ from derl_jax.expr.vm import evaluate_numpy
 from derl_jax.rl import dapo
 from derl_jax.rl.grpo import GRPOConfig, grpo_update, make_optimizer
 from derl_jax.rl.loop import make_inner_loop, rewards_and_advantages
-from derl_jax.rl.rollout import device_rollout
-from test_multiturn import CFG, FAST_COMPILE, counter_domain, tiny_policy  # noqa: F401
+from test_multiturn import CFG, FAST_COMPILE, tiny_policy, window_rollout  # noqa: F401
 
 KEY = jax.random.key(3)
 score = jax.jit(rewards_and_advantages, static_argnums=(3, 4),
@@ -95,10 +94,12 @@ def test_episode_rewards_take_the_mean_turn_penalty_and_groups_are_selected_on_i
 
 @pytest.mark.slow
 def test_a_multi_turn_dapo_step_trains_on_the_groups_numpy_selects():
-    domain = counter_domain()
-    graphdef, params = tiny_policy(domain)
+    # the window counter's rollout of test_multiturn (its sampling settings are this config's), one
+    # compiled program for its 16 sampled episodes and these 2 x 2 groups of 4
+    domain, graphdef, rollout, play = window_rollout(0)
+    params = tiny_policy(domain)[1]
     # actions of 1-2 tokens against a limit of 2 with a buffer of 1: a 2-token action costs -1
-    cfg = CFG.replace(steps=1, prompts_per_step=4, algorithm="dapo", overlong_buffer=1)
+    cfg = CFG.replace(steps=1, prompts_per_step=2, algorithm="dapo", overlong_buffer=1)
     assert (cfg.dynamic_oversample, cfg.grpo.clip_high, cfg.grpo.loss_agg) == (2, dapo.DAPO_CLIP_HIGH, "token_mean")
     program = compile_expr(parse("g1 + g2", list(domain.primitive_names)), num_primitives=len(domain.primitive_names))
     loop = make_inner_loop(domain, graphdef, cfg)
@@ -109,8 +110,8 @@ def test_a_multi_turn_dapo_step_trains_on_the_groups_numpy_selects():
     prompt_key, sample_key, update_key = jax.random.split(jax.random.fold_in(KEY, 0), 3)
     rows = jax.random.choice(prompt_key, domain.train.size, (sampled,), replace=sampled > domain.train.size)
     chosen = jax.tree_util.tree_map(lambda x: jnp.repeat(x, group, axis=0), domain.train.take(rows))
-    rollout = device_rollout(domain, graphdef, cfg)
-    episode, batch = jax.jit(rollout.fn, static_argnums=3)(params, chosen, sample_key, False)
+    assert rollout.prefill_group == group
+    episode, batch = play(params, chosen, sample_key, False)
     prims = np.asarray(domain.primitive_values(episode, dict(chosen.context)))
     mask = np.asarray(batch["mask"])                     # [O*N, S, T]
     lengths, taken = mask.sum(axis=-1), mask.any(axis=-1)

@@ -123,11 +123,7 @@ def replay(domain: Domain, dataset: TokenDataset, actions: np.ndarray, taken: np
 @pytest.mark.slow
 @pytest.mark.parametrize("greedy", [True, False])
 def test_episodes_match_a_python_replay_of_the_environment(greedy):
-    domain = counter_domain()
-    _, params = tiny_policy(domain, seed=3)
-    run = rollout_lib.device_rollout(domain, tiny_policy(domain)[0], CFG)
-    batch = domain.train.take(np.arange(16))
-    episode, rows = jax.jit(run.fn, static_argnums=3)(params, batch, jax.random.key(5), greedy)
+    domain, _, _, batch, _, episode, rows = window_episodes(0, greedy)   # 16 episodes, window 2, no budget
     actions, taken = np.asarray(episode["tokens"]), np.asarray(episode["step_mask"])
     success, scores = replay(domain, batch, actions, taken)
     np.testing.assert_array_equal(np.asarray(episode["success"]), success)
@@ -195,7 +191,8 @@ class EnvStepTest(chex.TestCase):
 def test_grpo_on_success_teaches_the_policy_to_read_the_target():
     domain = counter_domain()
     graphdef, params = tiny_policy(domain)
-    evaluator = DeviceEvaluator(domain, graphdef, CFG, compiler_options=FAST_COMPILE)
+    # loop dispatch: the accuracy before and after training is one compiled program
+    evaluator = DeviceEvaluator(domain, graphdef, CFG, dispatch="loop", compiler_options=FAST_COMPILE)
     programs = stack_programs([compile_expr(parse("g1", list(domain.primitive_names)))])
     before = evaluator.accuracy(params, domain.test)
     results = evaluator.evaluate_candidates(programs, params, jax.random.key(0), domain.train, domain.test)
@@ -205,23 +202,30 @@ def test_grpo_on_success_teaches_the_policy_to_read_the_target():
     assert results.scores[0] >= 0.8 > before + 0.3
 
 
+@functools.lru_cache(maxsize=None)
+def three_step_runs(history: int | str):
+    """Two programs ("g1", "g2 + u*g1") trained 3 steps at once (`train_many`) and one at a time
+    (`train`, compiled once for both), computed once per process: (domain, graphdef, params,
+    programs, keys, (stacked params, metrics), [(params, metrics) of program k alone])."""
+    domain = counter_domain(history)
+    graphdef, params = tiny_policy(counter_domain(3))
+    loop = make_inner_loop(domain, graphdef, CFG.replace(steps=3))
+    programs = stack_programs([compile_expr(parse(t, list(domain.primitive_names))) for t in ("g1", "g2 + u*g1")])
+    keys = jax.random.split(jax.random.key(1), 2)
+    many = jax.jit(loop.train_many)(params, programs, keys, domain.train)
+    train = jax.jit(loop.train)
+    alone = [train(params, jax.tree_util.tree_map(lambda x, k=k: x[k], programs), keys[k], domain.train)
+             for k in range(2)]
+    return domain, graphdef, params, programs, keys, many, alone
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("history", [2, "full"])
 def test_vmapped_programs_train_like_separate_calls(history):
-    domain = counter_domain(history)
-    graphdef, params = tiny_policy(counter_domain(3))
-    cfg = CFG.replace(steps=3)
-    loop = make_inner_loop(domain, graphdef, cfg)
-    texts = ("g1", "g2 + u*g1")
-    programs = stack_programs([compile_expr(parse(t, list(domain.primitive_names))) for t in texts])
-    keys = jax.random.split(jax.random.key(1), 2)
-    stacked, metrics = jax.jit(loop.train_many)(params, programs, keys, domain.train)
-    train = jax.jit(loop.train)   # compiled once for both programs
-    for k in range(2):
-        one = jax.tree_util.tree_map(lambda x, k=k: x[k], programs)
-        alone, alone_metrics = train(params, one, keys[k], domain.train)
+    *_, (stacked, metrics), alone = three_step_runs(history)
+    for k, (alone_params, alone_metrics) in enumerate(alone):
         np.testing.assert_allclose(metrics["reward_mean"][k], alone_metrics["reward_mean"], rtol=1e-5, atol=1e-6)
-        for a, b in zip(jax.tree_util.tree_leaves(stacked), jax.tree_util.tree_leaves(alone), strict=True):
+        for a, b in zip(jax.tree_util.tree_leaves(stacked), jax.tree_util.tree_leaves(alone_params), strict=True):
             np.testing.assert_allclose(np.asarray(a)[k], np.asarray(b), rtol=2e-4, atol=2e-5)
 
 
@@ -255,39 +259,35 @@ class HostCounterEnv:
 
 @pytest.mark.slow
 def test_a_host_environment_plays_the_same_episodes_inside_the_scan():
-    jax_domain = counter_domain()
+    jax_domain, _, params, batch, key, episode, _ = window_episodes(0, True)   # greedy, against the JAX env
     host_env = HostCounterEnv()
     host_domain = dataclasses.replace(jax_domain, env=host_env)
-    graphdef, params = tiny_policy(jax_domain, seed=3)
-    batch = jax_domain.train.take(np.arange(16))
-    outs = [jax.jit(rollout_lib.device_rollout(d, graphdef, CFG).fn, static_argnums=3)(
-        params, batch, jax.random.key(5), True) for d in (jax_domain, host_domain)]
+    graphdef = tiny_policy(jax_domain)[0]
+    host_episode, _ = jax.jit(rollout_lib.device_rollout(host_domain, graphdef, CFG).fn, static_argnums=3)(
+        params, batch, key, True)
     for name in ("success", "step_scores", "step_mask", "tokens"):
-        np.testing.assert_array_equal(np.asarray(outs[0][0][name]), np.asarray(outs[1][0][name]), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(episode[name]), np.asarray(host_episode[name]), err_msg=name)
     assert host_env.steps > 0
     # sampled episodes of two candidates trained at once (vmap over programs) against the host simulator
     # train exactly as against the JAX environment
-    programs = stack_programs([compile_expr(parse(t, list(jax_domain.primitive_names))) for t in ("g1", "g2")])
-    keys = jax.random.split(jax.random.key(2), 2)
-    results = [jax.jit(make_inner_loop(d, graphdef, CFG.replace(steps=2)).train_many)(params, programs, keys, d.train)
-               for d in (jax_domain, host_domain)]
-    np.testing.assert_allclose(results[0][1]["reward_mean"], results[1][1]["reward_mean"], atol=1e-6)
-    for a, b in zip(jax.tree_util.tree_leaves(results[0][0]), jax.tree_util.tree_leaves(results[1][0]), strict=True):
+    jax_domain, graphdef, params, programs, keys, (want_params, want), _ = three_step_runs(2)
+    host_domain = dataclasses.replace(jax_domain, env=host_env)
+    got_params, got = jax.jit(make_inner_loop(host_domain, graphdef, CFG.replace(steps=3)).train_many)(
+        params, programs, keys, host_domain.train)
+    np.testing.assert_allclose(got["reward_mean"], want["reward_mean"], atol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(got_params), jax.tree_util.tree_leaves(want_params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
 def test_evaluate_candidates_trains_for_the_steps_asked():
-    domain = counter_domain()
-    graphdef, params = tiny_policy(domain)
+    """A 3-step evaluation of "g2 + u*g1" (u spans the steps asked) trains as a 3-step `train`."""
+    domain, graphdef, params, programs, keys, _, alone = three_step_runs(2)
     evaluator = DeviceEvaluator(domain, graphdef, CFG, dispatch="loop", compiler_options=FAST_COMPILE)
-    programs = stack_programs([compile_expr(parse("g1 + u*g2", list(domain.primitive_names)))])
-    key = jax.random.key(4)
-    results = evaluator.evaluate_candidates(programs, params, key, domain.train, domain.test, steps=3)
+    one = jax.tree_util.tree_map(lambda x: x[1:], programs)
+    results = evaluator.evaluate_candidates(one, params, keys[1], domain.train, domain.test, steps=3)
     assert results.curves["reward_mean"].shape == (1, 3)
-    _, metrics = jax.jit(make_inner_loop(domain, graphdef, CFG.replace(steps=3)).train)(
-        params, jax.tree_util.tree_map(lambda x: x[0], programs), key, domain.train)
-    np.testing.assert_allclose(results.curves["reward_mean"][0], metrics["reward_mean"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(results.curves["reward_mean"][0], alone[1][1]["reward_mean"], rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- the whole history
@@ -315,7 +315,9 @@ def full_history_episodes(budget: int, greedy: bool, seed: int = 3):
     return domain, graphdef, params, batch, key, episode, rows
 
 
-@pytest.mark.parametrize("budget, greedy", [(0, True), (0, False), (8, False)])
+# greedy episodes cost a compiled program of their own: checked in the full tier (the daily tier
+# plays them in test_grpo_with_the_whole_history_raises_the_success_rate's accuracy)
+@pytest.mark.parametrize("budget, greedy", [pytest.param(0, True, marks=pytest.mark.slow), (0, False), (8, False)])
 def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     """Turn t of every episode draws, key for key, what `sample` draws after the prompt written out
     in Python: the task, o_0, then each earlier action up to its EOS and the observation it led
@@ -335,7 +337,8 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
         ended_by_budget += int(np.sum(alive & ~fits))
         alive &= fits
         np.testing.assert_array_equal(taken[:, t], alive)
-        prompts, prompt_mask = left_padded(streams)
+        # one width for every turn (the longest whole-history prompt): one compiled sampler per greedy
+        prompts, prompt_mask = left_padded(streams, counter_domain("full").prompt_length)
         want = sampling.sample_jit(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, t),
                                    max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
         live = np.flatnonzero(alive)
@@ -360,15 +363,25 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
 
 
 @functools.lru_cache(maxsize=None)
+def window_rollout(budget: int):
+    """(domain, graphdef, rollout, jitted rollout.fn) of the counter with a window of 2 turns at
+    `budget`, made once per process, so every test that plays its episodes (with CFG's sampling
+    settings) shares one compiled program per batch shape and greedy flag."""
+    domain = dataclasses.replace(counter_domain(2), prompt_budget=budget)
+    graphdef = tiny_policy(counter_domain(2))[0]
+    rollout = rollout_lib.device_rollout(domain, graphdef, CFG)
+    return domain, graphdef, rollout, jax.jit(rollout.fn, static_argnums=3)
+
+
+@functools.lru_cache(maxsize=None)
 def window_episodes(budget: int, greedy: bool, seed: int = 3):
     """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled episodes with a
     window of 2 turns, sampled once per process (the tests only read them)."""
-    domain = dataclasses.replace(counter_domain(2), prompt_budget=budget)
-    graphdef, params = tiny_policy(counter_domain(2), seed=seed)
+    domain, graphdef, _, play = window_rollout(budget)
+    params = tiny_policy(counter_domain(2), seed=seed)[1]
     batch = domain.train.take(np.arange(16))
     key = jax.random.key(5)
-    episode, rows = jax.jit(rollout_lib.device_rollout(domain, graphdef, CFG).fn, static_argnums=3)(
-        params, batch, key, greedy)
+    episode, rows = play(params, batch, key, greedy)
     return domain, graphdef, params, batch, key, episode, rows
 
 
@@ -396,7 +409,8 @@ def written_out_window_prompts(domain: Domain, batch: TokenDataset, episode) -> 
     return prompts
 
 
-@pytest.mark.parametrize("budget, greedy", [(0, True), (0, False), (6, False)])
+# greedy: the full tier, where the window's greedy episodes are played anyway (the replay and host tests)
+@pytest.mark.parametrize("budget, greedy", [pytest.param(0, True, marks=pytest.mark.slow), (0, False), (6, False)])
 def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     """Every turn of a windowed episode (the task read once, the window appended after it) draws,
     key for key, what `sample` draws after its prompt written out in Python, and its update row
@@ -434,21 +448,32 @@ def packed_episodes(history: str):
     return domain, graphdef, params, batch, episode, packed
 
 
-@functools.lru_cache(maxsize=None)
-def recomputed_logprobs(history: str) -> np.ndarray:
-    """f32[N, S, T]: the update's log-probs of `packed_episodes(history)`' rows (computed once)."""
-    domain, graphdef, params, _, _, packed = packed_episodes(history)
-    run = rollout_lib.device_rollout(domain, graphdef, CFG)
-    return np.asarray(jax.jit(run.logprobs, static_argnums=2)(params, packed, 1.0)[0])
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "episode_mean")
+
+
+def losses_and_grads(logprobs, params, batch):
+    """(logp of the sampled tokens, {loss_agg: ((loss, metrics), gradient)}) of GRPO (no KL) on
+    `batch` under each of LOSS_AGGS, `logprobs(params, batch, 1.0)` reading the tokens. One
+    forward pass: each aggregation's gradient is the log-probs' pullback of its loss's cotangent
+    (the chain rule, the pullbacks vmapped), so one compiled program serves the three."""
+    out, pullback = jax.vjp(lambda p: logprobs(p, batch, 1.0), params)
+    values, cotangents = {}, []
+    for agg in LOSS_AGGS:
+        cfg = GRPOConfig(loss_agg=agg, kl_coef=0.0)
+        values[agg], cotangent = jax.value_and_grad(
+            lambda o, cfg=cfg: grpo_loss(params, batch, lambda q, c: o, cfg), has_aux=True)(out)
+        cotangents.append(cotangent)
+    (grads,) = jax.vmap(pullback)(jax.tree_util.tree_map(lambda *c: jnp.stack(c), *cotangents))
+    return out[0], {agg: (values[agg], jax.tree_util.tree_map(lambda g, i=i: g[i], grads))
+                    for i, agg in enumerate(LOSS_AGGS)}
 
 
 @pytest.mark.parametrize("history", ["full", "window"])
-@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "episode_mean"])
-def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
+def test_the_packed_update_trains_like_one_row_per_turn(history):
     """GRPO's loss, metrics and gradient through one row per episode (the whole history: one
     teacher-forced pass over its stream; a window: the task read once, each turn's window and
-    action after it) equal those through one row per turn with its prompt written out, and the
-    recomputed log-probs are the sampler's."""
+    action after it) equal those through one row per turn with its prompt written out, under
+    each loss aggregation, and the recomputed log-probs are the sampler's."""
     domain, graphdef, params, batch, episode, packed = packed_episodes(history)
     if history == "full":
         starts = np.asarray(packed["starts"])
@@ -460,27 +485,25 @@ def test_the_packed_update_trains_like_one_row_per_turn(history, loss_agg):
     advantages = jnp.asarray(np.random.default_rng(0).normal(size=count).astype(np.float32))
     prompts, prompt_mask = left_padded(written, domain.prompt_length)
     rows = {"prompts": prompts, "prompt_mask": prompt_mask, "advantages": jnp.repeat(advantages, turns),
-            **{k: packed[k].reshape(count * turns, length) for k in ("completions", "mask", "old_logp")}}
-    if loss_agg == "episode_mean":   # the rows of one episode share its token count
-        rows["episode_tokens"] = jnp.repeat(jnp.sum(packed["mask"], axis=(1, 2)).astype(jnp.float32), turns)
+            **{k: packed[k].reshape(count * turns, length) for k in ("completions", "mask", "old_logp")},
+            # the rows of one episode share its token count (read by "episode_mean" only)
+            "episode_tokens": jnp.repeat(jnp.sum(packed["mask"], axis=(1, 2)).astype(jnp.float32), turns)}
     run = rollout_lib.device_rollout(domain, graphdef, CFG)
+    packed_logp, packed_out = jax.jit(functools.partial(losses_and_grads, run.logprobs))(
+        params, dict(packed, advantages=advantages))
+    _, row_out = jax.jit(functools.partial(losses_and_grads, rollout_lib.row_logprobs(graphdef)))(params, rows)
     taken = np.asarray(packed["mask"])
-    np.testing.assert_allclose(recomputed_logprobs(history)[taken], np.asarray(packed["old_logp"])[taken],
+    np.testing.assert_allclose(np.asarray(packed_logp)[taken], np.asarray(packed["old_logp"])[taken],
                                rtol=1e-5, atol=1e-5)
-    cfg = GRPOConfig(loss_agg=loss_agg, kl_coef=0.0)
-
-    def loss(logprobs):
-        return jax.jit(jax.value_and_grad(lambda p, b: grpo_loss(p, b, lambda q, c: logprobs(q, c, 1.0), cfg),
-                                          has_aux=True))
-
-    (packed_loss, packed_metrics), packed_grads = loss(run.logprobs)(params, dict(packed, advantages=advantages))
-    (row_loss, row_metrics), row_grads = loss(rollout_lib.row_logprobs(graphdef))(params, rows)
-    assert abs(float(row_loss)) > 1e-4
-    np.testing.assert_allclose(packed_loss, row_loss, rtol=1e-5, atol=1e-7)
-    for name in row_metrics:
-        np.testing.assert_allclose(packed_metrics[name], row_metrics[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    for a, b in zip(jax.tree_util.tree_leaves(packed_grads), jax.tree_util.tree_leaves(row_grads), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+    for agg in LOSS_AGGS:
+        ((packed_loss, packed_metrics), packed_grads), ((row_loss, row_metrics), row_grads) = packed_out[agg], row_out[agg]
+        assert abs(float(row_loss)) > 1e-4, agg
+        np.testing.assert_allclose(packed_loss, row_loss, rtol=1e-5, atol=1e-7, err_msg=agg)
+        for name in row_metrics:
+            np.testing.assert_allclose(packed_metrics[name], row_metrics[name], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{agg} {name}")
+        for a, b in zip(jax.tree_util.tree_leaves(packed_grads), jax.tree_util.tree_leaves(row_grads), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7, err_msg=agg)
 
 
 @pytest.mark.slow
@@ -530,7 +553,8 @@ def test_one_weight_per_episode_with_a_window_over_a_data_axis_equals_one_device
 def test_grpo_with_the_whole_history_raises_the_success_rate():
     domain = counter_domain("full")
     graphdef, params = tiny_policy(domain)
-    evaluator = DeviceEvaluator(domain, graphdef, CFG, compiler_options=FAST_COMPILE)
+    # loop dispatch: the accuracy before and after training is one compiled program
+    evaluator = DeviceEvaluator(domain, graphdef, CFG, dispatch="loop", compiler_options=FAST_COMPILE)
     programs = stack_programs([compile_expr(parse("g1", list(domain.primitive_names)))])
     before = evaluator.accuracy(params, domain.test)
     results = evaluator.evaluate_candidates(programs, params, jax.random.key(0), domain.train, domain.test)
