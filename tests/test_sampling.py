@@ -288,14 +288,16 @@ def test_decode_products_replayed_give_the_same_logprobs_and_gradients(model, gr
     _, graphdef, params = model
     _, prompts, mask = _batch()
     prompts, mask = jnp.repeat(prompts, group_size, axis=0), jnp.repeat(mask, group_size, axis=0)
-    free = np.asarray(_sample(graphdef, params, prompts, mask, key=8, group_size=group_size).tokens)
+    # eos_id is traced: the draw without EOS and the one with it share one compiled sampler
+    free = np.asarray(_sample(graphdef, params, prompts, mask, key=8, group_size=group_size, keep_products=True).tokens)
     eos = int(free[0, 1])
     out = _sample(graphdef, params, prompts, mask, key=8, eos_id=eos, group_size=group_size, keep_products=True)
     assert int(out.lengths.min()) < MAX_NEW
     assert len(out.products) == 2 and set(out.products[0]) == set(tr.PRODUCTS)
     assert out.products[0]["qkv"].shape == (prompts.shape[0], MAX_NEW - 1, (4 + 2 * 2) * 8)
     assert out.products[1]["gate_up"].shape == (prompts.shape[0], MAX_NEW - 1, 2 * 48)
-    assert _sample(graphdef, params, prompts, mask, key=8, group_size=group_size).products is None
+    assert jax.eval_shape(lambda p: _sample(graphdef, p, prompts, mask, key=8, group_size=group_size),
+                          params).products is None
     weights = jnp.asarray(np.random.default_rng(5).normal(size=out.tokens.shape), jnp.float32)
 
     def objective(params, saved):
@@ -481,15 +483,15 @@ def test_logp_and_entropy_match_log_softmax_in_values_and_gradients():
         logp = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
         return logp, -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
 
-    for ours, expected in zip(sm.logp_and_entropy(logits, tokens), reference(logits)):
+    for ours, expected in zip(jax.jit(sm.logp_and_entropy)(logits, tokens), jax.jit(reference)(logits)):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
     weights = jnp.asarray(rng.standard_normal((2, 2, 3)), jnp.float32)
 
     def objective(fn):
         return lambda x: sum(jnp.sum(w * v) for w, v in zip(weights, fn(x)))
 
-    ours, expected = jax.grad(objective(lambda x: sm.logp_and_entropy(x, tokens)))(logits), \
-        jax.grad(objective(reference))(logits)
+    ours, expected = jax.jit(jax.grad(objective(lambda x: sm.logp_and_entropy(x, tokens))))(logits), \
+        jax.jit(jax.grad(objective(reference)))(logits)
     assert bool(jnp.isfinite(ours).all())
     np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
 
