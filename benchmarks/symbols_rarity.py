@@ -107,13 +107,14 @@ def train_scores(cfg, domain, expressions: Sequence[str], seed: int, workdir: st
             for text in expressions]
 
 
-def measure_level(config: str, proposals: int, train: int, seed: int, workdir: str, batch: int = 200) -> dict:
+def measure_level(config: str, proposals: int, train: int, seed: int, workdir: str, batch: int = 200,
+                  overrides: Sequence[str] = ()) -> dict:
     from benchmarks.symbols_reference import load_config
     from derl_jax.domains.symbols_classes import ALIGNED, reward_class
     from derl_jax.experiment import build
 
     start = time.time()
-    cfg = load_config(config, seed, [])
+    cfg = load_config(config, seed, list(overrides))
     names = build.primitive_names(cfg)
     kept = os.path.join(workdir, "proposals.json")
     texts = []
@@ -165,13 +166,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--workdir", default="runs/symbols_rarity")
     parser.add_argument("--out", default="")
+    parser.add_argument("--override", action="append", default=[],
+                        help="passed to every level's config, e.g. --override=--config.domain.decoys=0")
     args = parser.parse_args(argv)
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)
-    payload = {"proposals": args.proposals, "train": args.train, "seed": args.seed, "levels": {}}
+    payload = {"proposals": args.proposals, "train": args.train, "seed": args.seed, "overrides": args.override,
+               "levels": {}}
     for name in [s.strip() for s in args.levels.split(",") if s.strip()]:
         payload["levels"][name] = measure_level(f"{args.config}:{name}", args.proposals, args.train, args.seed,
-                                                os.path.join(workdir, name), args.batch)
+                                                os.path.join(workdir, name), args.batch, args.override)
         for path in [os.path.join(workdir, "symbols_rarity.json")] + ([args.out] if args.out else []):
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(payload, handle, indent=2)

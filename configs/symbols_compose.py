@@ -31,7 +31,13 @@ from configs import symbols
 # (aspects m, decoys D) per level, chosen by the measured share of top-class random-search proposals
 # (2,000 each, benchmarks/results/symbols_rarity.json): easy 0.081, medium 0.042, hard 0.006
 LEVELS = {"easy": (2, 2), "medium": (2, 4), "hard": (3, 4)}
-BANDS = {"easy": {}, "medium": {}, "hard": {}}
+# the base policy's sampled means over 512 inner-training prompts (derl_jax/rl/base_band.py): measured
+# on seeds 0-4 (benchmarks/results/symbols_compose_reference.json, 2026-12-04) easy/medium order
+# 0.452-0.472, case 0.363-0.380, exact 0.000; ours: about 0.04 either side, exact as in configs/symbols.py
+BANDS = {"easy": {"order": (0.42, 0.51), "case": (0.33, 0.42), "exact": (0.0, 0.03)},
+         "medium": {"order": (0.42, 0.51), "case": (0.33, 0.42), "exact": (0.0, 0.03)},
+         "hard": {}}
+RATE = 0.4   # the warm-start corpus's per-aspect rate (ours; `level` says why)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -48,8 +54,10 @@ def level(name: str) -> ml_collections.ConfigDict:
     # symbols' strings; one more generated token than symbols for the `!` terminator
     cfg.domain.update(kind="symbols_compose", aspects=aspects, decoys=decoys, max_new_tokens=9)
     cfg.domain.base_policy_band = dict(BANDS[name])
-    # the symbols corpus's rates for every aspect (ours: below 1/2, so greedy decoding gets no aspect right)
-    cfg.policy.update(sft_upper_rate=0.2, sft_end_rate=0.2)
+    # ours: every aspect's rate below 1/2, so greedy decoding gets no aspect right, yet close enough to
+    # it that an aligned dense reward flips each aspect within the 64 inner steps (at 0.2, the symbols
+    # corpus's rate, the top reward reached validation exact match 0.012 (m = 2) and 0.036 (m = 3))
+    cfg.policy.update(sft_reverse_rate=RATE, sft_upper_rate=RATE, sft_end_rate=RATE)
     return cfg
 
 
