@@ -425,7 +425,8 @@ def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     for t in range(domain.env.max_turns):
         turn = [prompts[n][t] for n in range(16)]
         full += sum(len(p) == domain.prompt_length for p in turn)
-        want = sampling.sample_jit(graphdef, params, *left_padded(turn, domain.prompt_length),
+        # the widest window prompt (no budget) for every budget: one compiled sampler per greedy
+        want = sampling.sample_jit(graphdef, params, *left_padded(turn, counter_domain(2).prompt_length),
                                    jax.random.fold_in(turn_key, t), max_new_tokens=2, eos_id=EOS, pad_id=PAD,
                                    greedy=greedy)
         live = np.flatnonzero(taken[:, t])
