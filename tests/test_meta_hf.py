@@ -219,7 +219,8 @@ def test_hf_cold_start_on_chat_replies(hf_optimizer, hf_state, tokenizer):
 
 @pytest.mark.slow
 def test_hf_samples_always_parse(hf_optimizer, hf_state, tokenizer):
-    sample = hf_optimizer.sample(hf_state, jax.random.key(1), 200)
+    n = 64   # measured: 55 valid, 23 with g10..g12 (at n = 200: 188 and 71)
+    sample = hf_optimizer.sample(hf_state, jax.random.key(1), n)
     tokens, mask = np.asarray(sample.symbols), np.asarray(sample.mask)
     trie = hf_optimizer.backbone.constraint.trie
     valid, long_primitives = 0, 0
@@ -232,8 +233,8 @@ def test_hf_samples_always_parse(hf_optimizer, hf_state, tokenizer):
         assert GRAMMAR.encode(text) == symbols
         valid += check_text(text, NAMES)[1].ok
         long_primitives += any(f"g{i}" in text for i in (10, 11, 12))
-    assert valid > 100 and long_primitives > 10, (valid, long_primitives)
-    assert hf_optimizer.sample(hf_state, jax.random.key(1), 200).texts == sample.texts
+    assert valid > n // 2 and long_primitives > n // 16, (valid, long_primitives)
+    assert hf_optimizer.sample(hf_state, jax.random.key(1), n).texts == sample.texts
     recomputed = hf_optimizer.logprobs(hf_state.params, sample)
     np.testing.assert_allclose(np.asarray(recomputed), np.asarray(sample.logp), atol=5e-5)
 
