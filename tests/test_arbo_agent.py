@@ -331,12 +331,21 @@ def launch(workdir, method, checkpoint, *extra):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["arbo", "eureka"])
 def test_arith_smoke_search_with_the_in_process_backend(tmp_path, method):
-    """The command line's search on the arith smoke preset with the model sampled in process: the
-    random model writes nothing usable, so every candidate is charged and invalid, and the run
-    records what ran."""
+    """The search on the arith smoke preset with the model sampled in process (ARBO through the
+    command line, Eureka through the launcher's `run`): the random model writes nothing usable, so
+    every candidate is charged and invalid, and the run records what ran."""
     checkpoint = tiny_checkpoint(tmp_path / "model")
-    done = launch(tmp_path / "run", method, checkpoint)
-    assert done.returncode == 0, done.stderr[-3000:]
+    if method == "arbo":   # the command line itself, once
+        done = launch(tmp_path / "run", method, checkpoint)
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:                  # the same run in this process: what the launcher calls after parsing the flags
+        from configs.arith import get_config
+        from derl_jax.experiment.run import run
+
+        cfg = get_config("smoke")
+        cfg.outer.strategy = method
+        cfg.arbo.agent.update(backend="local", checkpoint=checkpoint, max_tokens=12, max_turns=2)
+        run(cfg, str(tmp_path / "run"), "search", progress=False)
     records = read_jsonl(tmp_path / "run" / "history.jsonl")
     assert len(records) == 4 and {r["method"] for r in records} == {method}
     saved = json.loads((tmp_path / "run" / "arbo" / "history.json").read_text())
