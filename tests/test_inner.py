@@ -1,7 +1,9 @@
 """The inner loop (derl_jax.rl.loop, derl_jax.rl.device_evaluator): K GRPO policies under K reward programs in one call.
 
 One K=3 training from the small SFT base policy (tests/test_sft.py) is shared by most
-tests: outcome only, outcome + format terms, and a program that is NaN everywhere.
+tests: outcome only, outcome + format terms, and a program that is NaN everywhere. It runs
+with loop dispatch (one compiled single-policy `train` and `accuracy`, which the accuracy
+tests share); the slow tier checks that batched dispatch trains the same candidates.
 Everything compiles with a low XLA optimisation level (compile time dominates these tests;
 the level changes speed, not results).
 """
@@ -24,6 +26,7 @@ from derl_jax.rl.grpo import GRPOConfig
 from test_inner_sharding import INNER as TINY_INNER
 from test_inner_sharding import KEY as TINY_KEY
 from test_inner_sharding import setup as tiny_setup
+from test_inner_sharding import untrained_setup as tiny_untrained_setup
 from test_inner_sharding import unsharded_results as tiny_unsharded_results
 from test_sft import greedy_texts, reference_correct, small_base_policy
 
@@ -82,7 +85,8 @@ def base():
 
 @pytest.fixture(scope="module")
 def evaluator(base):
-    return device_evaluator.DeviceEvaluator(base.domain, base.graphdef, INNER, compiler_options=FAST_COMPILE)
+    return device_evaluator.DeviceEvaluator(base.domain, base.graphdef, INNER, dispatch="loop",
+                                            compiler_options=FAST_COMPILE)
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +127,9 @@ def test_item_scores_are_each_examples_greedy_success_and_average_to_the_accurac
     items = evaluator.item_scores(base.params, base.validation)
     assert items.shape == (base.validation.size,) and set(np.unique(items)) <= {0.0, 1.0}
     assert evaluator.accuracy(base.params, base.validation) == pytest.approx(float(items.mean()), abs=1e-7)
-    first = base.validation.take(np.arange(3))   # the same policy on the first rows alone
-    np.testing.assert_array_equal(evaluator.item_scores(base.params, first), items[:3])
+    # the same policy on the rows in another order (the same shapes: no new compilation)
+    order = np.random.default_rng(0).permutation(base.validation.size)
+    np.testing.assert_array_equal(evaluator.item_scores(base.params, base.validation.take(order)), items[order])
 
 
 def test_nan_program_gives_zero_rewards_counted_and_no_update(base, results):
@@ -160,18 +165,31 @@ def test_accuracy_matches_a_text_level_reference(base, evaluator):
 
 @pytest.mark.slow
 def test_vmapped_candidates_equal_separate_train_calls(base, evaluator, programs, results):
-    keys = evaluator.candidate_keys(KEY, 3)
-    for k in range(3):
-        params, curves = evaluator.train_final(row(programs, k), base.params, keys[k], base.inner_train)
-        assert_trees_close(params, row(results.params, k))
-        for name, curve in curves.items():
-            np.testing.assert_allclose(curve, results.curves[name][k], rtol=2e-4, atol=2e-5, err_msg=name)
+    # `results` trained each candidate with its own `train` call (loop dispatch)
     assert evaluator.cache_sizes()["train"] == 1  # one compilation for the three programs
+    batched = evaluator.with_dispatch("batched").evaluate_candidates(programs, base.params, KEY, base.inner_train,
+                                                                     base.validation)
+    assert np.all(results.curves["grad_norm"][:2].max(axis=1) > 0)
+    np.testing.assert_allclose(batched.scores, results.scores, atol=1e-6)
+    assert_trees_close(batched.params, results.params)
+    assert set(batched.curves) == set(results.curves)
+    for name, values in batched.curves.items():
+        np.testing.assert_allclose(values, results.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    assert evaluator.cache_sizes()["train_many"] == 1
+    # train_final with candidate k's key is candidate k of the loop
+    keys = evaluator.candidate_keys(KEY, 3)
+    params, curves = evaluator.train_final(row(programs, 1), base.params, keys[1], base.inner_train)
+    for a, b in zip(leaves(params), leaves(row(results.params, 1)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for name, curve in curves.items():
+        np.testing.assert_array_equal(curve, results.curves[name][1], err_msg=name)
+    assert evaluator.cache_sizes()["train"] == 1  # the compilation the loop made serves `train_final`
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chunk_size, kl_metric", [(1, True), (3, False)])
+@pytest.mark.parametrize("chunk_size, kl_metric", [(2, False)])
 def test_chunked_equals_fully_vmapped(chunk_size, kl_metric):
+    # K=3 padded to 4: two chunks of two candidates, the padding copy dropped
     # the tiny SFT policy of the sharding tests: cheap to compile, and its rollouts differ in reward
     domain, graphdef, params, programs, train, validation = tiny_setup()
     vmapped = tiny_unsharded_results()
@@ -261,7 +279,7 @@ def test_the_decode_keeps_its_products_only_for_one_update_at_the_sampling_param
 def test_the_single_turn_scratch_has_the_shapes_of_the_products_it_is_replaced_by():
     # the loop carries update_batch["products"] into the next step's decode as its scratch: the
     # two must be the same tree of shapes; no scratch where the decode keeps no products
-    domain, graphdef, params, _, train, _ = tiny_setup()
+    domain, graphdef, params, train = tiny_untrained_setup()
     rows = TINY_INNER.rollouts_per_step
     batch = train.take(jnp.repeat(jnp.arange(TINY_INNER.prompts_per_step), TINY_INNER.group_size))
     device = rollout.single_turn(domain, graphdef, TINY_INNER)
@@ -301,7 +319,7 @@ def test_common_random_numbers_make_affine_equivalent_rewards_train_alike():
 @pytest.mark.slow
 def test_same_seed_same_result_and_programs_are_data(base, evaluator, results):
     compiled = evaluator.cache_sizes()
-    assert compiled["train_many"] == 1
+    assert compiled["train"] == 1 and compiled["accuracy"] == 1
     texts = (EXPRESSIONS[0], "g1*g2 - 0.1", "max(g1, u*g3)")
     other = evaluator.evaluate_candidates(programs_of(texts, base.domain.primitive_names), base.params, KEY,
                                           base.inner_train, base.validation)
@@ -318,17 +336,6 @@ def test_every_primitive_carries_signal_in_the_base_policys_rollouts(base, resul
     step_zero = {name: results.curves[f"primitive/{name}"][:, 0].mean() for name in base.domain.primitive_names}
     print("primitive means over the base policy's first rollouts:", step_zero)
     assert all(0.05 < value < 0.95 for value in step_zero.values())
-
-
-@pytest.mark.slow
-def test_loop_dispatch_equals_batched(base, evaluator, programs, results):
-    looped = evaluator.with_dispatch("loop").evaluate_candidates(programs, base.params, KEY, base.inner_train,
-                                                                 base.validation)
-    np.testing.assert_allclose(looped.scores, results.scores, atol=1e-6)
-    assert_trees_close(looped.params, results.params)
-    for name, values in looped.curves.items():
-        np.testing.assert_allclose(values, results.curves[name], rtol=2e-4, atol=2e-5, err_msg=name)
-    assert evaluator.cache_sizes()["train"] == 1  # the compilation `train_final` made serves every candidate
 
 
 # ----------------------------------------------------------------------------- small pieces

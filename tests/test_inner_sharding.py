@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from derl_jax.domains.arith import make_arith_domain
 from derl_jax.expr import compile_expr, parse, stack_programs
-from derl_jax.models.transformer import param_partition_specs
+from derl_jax.models.transformer import init_params, param_partition_specs
 from derl_jax.parallel import make_mesh
-from derl_jax.rl import device_evaluator, loop, placement
+from derl_jax.rl import device_evaluator, loop, placement, sft
 from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.grpo import GRPOConfig
-from test_sft import tiny_policy
+from test_sft import TINY_DOMAIN, TINY_POLICY, tiny_policy
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 INNER = InnerConfig(steps=3, prompts_per_step=4, group_size=2, max_new_tokens=14,
@@ -37,6 +38,15 @@ def setup():
     programs = stack_programs([compile_expr(parse(t, list(domain.primitive_names))) for t in EXPRESSIONS])
     train, validation = domain.train.split(0.75, 0)
     return domain, graphdef, params, programs, train, validation
+
+
+@functools.lru_cache(maxsize=None)
+def untrained_setup():
+    """(domain, graphdef, params, train) of the tiny policy before its SFT: for what does not
+    depend on the weights' values (shapes, checks)."""
+    domain = make_arith_domain(TINY_DOMAIN)
+    graphdef, params = init_params(sft.policy_model_config(domain, TINY_POLICY), jax.random.key(0))
+    return domain, graphdef, params, domain.train.split(0.75, 0)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,7 +97,7 @@ def test_sharded_candidates_equal_the_unsharded_run(mesh_shape, chunk_size):
 
 
 def test_a_chunk_size_that_the_cand_axis_does_not_divide_is_rejected():
-    domain, graphdef, *_ = setup()
+    domain, graphdef, *_ = untrained_setup()
     with pytest.raises(ValueError, match="chunk_size=2 must be a multiple of the 'cand' mesh axis size 4"):
         device_evaluator.DeviceEvaluator(domain, graphdef, INNER.replace(chunk_size=2), mesh=make_mesh(4, 2, 1))
     with pytest.raises(ValueError, match="6 rollouts per step do not split over the 'data' mesh axis of size 4"):
