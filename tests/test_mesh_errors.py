@@ -1,7 +1,10 @@
 """Mesh and device errors stop a run before any model is built: one line naming the input, exit 2.
 
-The launcher cases run as concurrent subprocesses (one module-scoped fixture) on a fixed number
-of fake CPU devices (XLA_FLAGS), so they do not depend on the host's cores.
+Two cases go through the launcher, as concurrent subprocesses (one module-scoped fixture) on a
+fixed number of fake CPU devices (XLA_FLAGS), so they do not depend on the host's cores: a mesh
+larger than the devices, and a platform that does not start (only a fresh process shows it).
+The other mesh errors are raised by the same checks of `derl_jax.experiment.run.run` in this
+process, on its 8 fake CPU devices (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import time
 
 import pytest
 
+from derl_jax.config import InputError
+from derl_jax.experiment.run import run
 from derl_jax.parallel import check_mesh_fits
+from test_search import get_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = "--config=configs/arith.py:smoke"
 PREFIX = "launch/run.py: error: "
 TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
 # A run that gets past its checks warm-starts the policy (sft_steps > 0) into <workdir>/base_policy.
 BUILT = ("base_policy", "domain.json")
 
@@ -55,13 +60,6 @@ def cases(tmp_path_factory):
             ["--config.mesh.cand=3", "--config.mesh.data=1"], TWO_DEVICES,
             "config.mesh (cand=3 data=1 model=1) needs 3 devices, this process sees 2 (cpu); on CPU set "
             "config.mesh.data=0 (one device per core) or XLA_FLAGS=--xla_force_host_platform_device_count=N"),
-        "fill_that_does_not_divide": (
-            ["--config.mesh.cand=3", "--config.mesh.data=1", "--config.mesh.model=-1"], TWO_DEVICES,
-            "config.mesh (cand=3 data=1 model=-1): -1 fills the rest of the 2 cpu devices, but 2 is not a "
-            "multiple of 3"),
-        "data_that_does_not_split_the_rollouts": (
-            ["--config.mesh.data=4", "--config.inner.prompts_per_step=3"], FOUR_DEVICES,
-            "config.mesh.data=4 must divide the 6 rollouts of a step (inner.prompts_per_step x inner.group_size)"),
         "a_platform_that_is_not_there": (
             [], {"JAX_PLATFORMS": "tpu"}, "JAX_PLATFORMS='tpu': that platform does not start in this process ("),
     }
@@ -71,8 +69,7 @@ def cases(tmp_path_factory):
         return {name: (*futures[name].result(), str(root / name), specs[name][2]) for name in specs}
 
 
-@pytest.mark.parametrize("name", ["larger_than_the_devices", "fill_that_does_not_divide",
-                                  "data_that_does_not_split_the_rollouts", "a_platform_that_is_not_there"])
+@pytest.mark.parametrize("name", ["larger_than_the_devices", "a_platform_that_is_not_there"])
 def test_a_mesh_or_device_error_is_one_line_before_any_model(cases, name):
     done, seconds, workdir, expected = cases[name]
     assert done.returncode == 2, done.stderr[-2000:]
@@ -81,3 +78,20 @@ def test_a_mesh_or_device_error_is_one_line_before_any_model(cases, name):
     assert lines[0].startswith(PREFIX + expected), lines[0]
     assert not any(os.path.exists(os.path.join(workdir, built)) for built in BUILT)
     assert seconds < 60, seconds   # the interpreter's start-up and imports, no warm start
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"mesh.cand": 3, "mesh.data": 1, "mesh.model": -1},
+     "config.mesh (cand=3 data=1 model=-1): -1 fills the rest of the 8 cpu devices, but 8 is not a multiple of 3"),
+    ({"mesh.data": 4, "inner.prompts_per_step": 3},
+     "config.mesh.data=4 must divide the 6 rollouts of a step (inner.prompts_per_step x inner.group_size)"),
+], ids=["fill_that_does_not_divide", "data_that_does_not_split_the_rollouts"])
+def test_a_mesh_error_stops_the_run_before_any_model(tmp_path, overrides, expected):
+    cfg = get_config("smoke")
+    for field, value in overrides.items():
+        block, name = field.split(".")
+        cfg[block][name] = value
+    with pytest.raises(InputError) as info:
+        run(cfg, str(tmp_path / "run"), "search", progress=False)
+    assert str(info.value).splitlines()[0] == expected
+    assert not any(os.path.exists(tmp_path / "run" / built) for built in BUILT)
