@@ -1,21 +1,15 @@
-"""The registered `alfworld` domain: config checks, presets, and the `tiny` preset end to end through
-the launcher's final mode on generated games, with the warm-start corpus checked against the
-rollout's own prompt layout."""
+"""The registered `alfworld` domain: config checks and presets. Its end-to-end run (the `sg_tiny`
+preset, `tiny` with self-assessment, through the launcher's final mode on generated games, with
+the warm-start corpus checked against the rollout's own prompt layout) is in
+test_selfguide_engines.py."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 
 from configs import alfworld as alf_config
 from derl_jax.config import ConfigError, validate
 from derl_jax.domains import registry
-
-from derl_jax.experiment import build
-from derl_jax.experiment.run import run
-
 
 
 def test_registered_with_the_agent_primitives():
@@ -65,49 +59,3 @@ def test_presets_carry_the_paper_settings(monkeypatch, tmp_path):
     l2.domain.held_out_kinds = ()
     with pytest.raises(ConfigError, match="held_out_kinds must name some but not all"):
         validate(l2)
-
-
-@pytest.mark.slow
-def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
-    built = []
-    real_build = build.build_domain
-    monkeypatch.setattr(build, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
-    cfg = alf_config.get_config("tiny")
-    workdir = tmp_path / "run"
-    final = run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
-
-    result = json.loads((workdir / "final_result.json").read_text())
-    assert result["expression"] == "g1+0.5*g2" and result["seed"] == 0 and result["test"] == final.test
-    assert 0.0 <= result["test"] <= 1.0 and result["test"] * 2 == round(result["test"] * 2)   # 2 test games
-    curves = {name: np.asarray(values) for name, values in result["curves"].items()}
-    assert all(values.shape == (cfg.final.steps,) and np.isfinite(values).all() for values in curves.values())
-    for name in ("outcome", "phase_first", "phase_middle", "phase_last"):
-        assert ((0 <= curves[f"primitive/{name}"]) & (curves[f"primitive/{name}"] <= 1)).all()
-    np.testing.assert_allclose(curves["reward_mean"], curves["primitive/outcome"] + 0.5 * curves["primitive/phase_first"],
-                               atol=1e-5)
-    recorded = json.loads((workdir / "domain.json").read_text())
-    assert recorded["domain"] == "alfworld" and len(recorded["train_games"]) == 6 and len(recorded["test_games"]) == 2
-
-    # the warm-start corpus of training row 0 without perturbation is the planner's plan with correct
-    # tags, and its prompts are exactly what the rollout builds from the environment's answers
-    domain = built[0]
-    env, vocab = domain.env, domain.tokenizer
-    pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
-    assert 3 <= len(pairs) <= env.max_turns and all(c.split()[0] in ("plan", "explore", "reflect", "act") for _, c in pairs)
-    from derl_jax.domains.env import turn_prompts
-
-    obs, states = env.reset(np.zeros((1, 2), np.uint32), {"game": np.zeros(1, np.int32)})
-    task = np.asarray(domain.train.prompts[:1])
-    window_actions = np.full((1, 1, env.action_length), vocab.pad_id, np.int32)
-    window_obs = obs[:, None]
-    for turn, (prompt, completion) in enumerate(pairs):
-        rollout_prompt, rollout_mask = turn_prompts(task, task != vocab.pad_id, window_actions, window_actions != vocab.pad_id,
-                                                    window_obs, window_obs != vocab.pad_id)
-        rollout_ids = np.asarray(rollout_prompt)[0][np.asarray(rollout_mask)[0]]
-        corpus_ids = vocab.encode_batch([prompt], domain.prompt_length, left_pad=True, add_bos=True)[0][0]
-        assert corpus_ids[corpus_ids != vocab.pad_id].tolist() == rollout_ids.tolist(), f"turn {turn}"
-        action = vocab.encode(completion, env.action_length)[None]
-        obs, states, reward, done, info = env.step(states, action)
-        assert info["step_score"].tolist() == [1.0], f"turn {turn}: {completion!r} is tagged as the rules say"
-        window_actions, window_obs = action[:, None], obs[:, None]
-    assert done.tolist() == [True] and info["success"].tolist() == [1.0] and reward.tolist() == [1.0]

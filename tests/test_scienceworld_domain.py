@@ -1,11 +1,10 @@
-"""The registered `scienceworld` domain: config checks, and the `tiny` preset end to end through the
-launcher's final mode on the real engine, with the warm-start corpus checked against the rollout's
-own prompt layout."""
+"""The registered `scienceworld` domain: config checks, errors before anything starts, and the
+Hugging Face token table on the real engine. Its end-to-end run (the `sg_tiny` preset, `tiny` with
+self-assessment, through the launcher's final mode on the real engine, with the warm-start corpus
+checked against the rollout's own prompt layout) is in test_selfguide_engines.py."""
 
 from __future__ import annotations
 
-import json
-import math
 import shutil
 
 import numpy as np
@@ -15,11 +14,7 @@ from configs import scienceworld as sw_config
 from derl_jax.config import ConfigError, InputError, validate
 from derl_jax.domains import registry
 from derl_jax.domains.scienceworld import engine
-from derl_jax.domains.scienceworld.splits import sample
-
-from derl_jax.experiment import build
 from derl_jax.experiment.run import run
-
 
 
 def test_registered_with_the_agent_primitives():
@@ -119,58 +114,3 @@ def test_a_hugging_face_tokenizer_as_the_token_table():
         for text in gold:
             obs, states, reward, done, info = env.step(states, table.encode(text, env.action_length)[None])
         assert done.tolist() == [True] and info["success"].tolist() == [1.0]
-
-
-@pytest.mark.slow
-def test_tiny_preset_final_run_end_to_end(monkeypatch, tmp_path):
-    engine.require_engine()   # the agents extra and Java are part of the test environment
-    built = []
-    real_build = build.build_domain
-    monkeypatch.setattr(build, "build_domain", lambda cfg: built.append(real_build(cfg)) or built[-1])
-    cfg = sw_config.get_config("tiny")
-    workdir = tmp_path / "run"
-    final = run(cfg, str(workdir), "final", "g1+0.5*g2", progress=False)
-
-    result = json.loads((workdir / "final_result.json").read_text())
-    assert result["expression"] == "g1+0.5*g2" and result["seed"] == 0 and result["test"] == final.test
-    assert 0.0 <= result["test"] <= 1.0 and result["test"] * 2 == round(result["test"] * 2)   # 2 test episodes
-    curves = {name: np.asarray(values) for name, values in result["curves"].items()}
-    steps = cfg.final.steps
-    assert all(values.shape == (steps,) and np.isfinite(values).all() for values in curves.values())
-    for name in ("outcome", "phase_first", "phase_middle", "phase_last"):
-        assert ((0 <= curves[f"primitive/{name}"]) & (curves[f"primitive/{name}"] <= 1)).all()
-    # the reward is linear in the primitives, so its batch mean is the same expression of their means
-    np.testing.assert_allclose(curves["reward_mean"], curves["primitive/outcome"] + 0.5 * curves["primitive/phase_first"],
-                               atol=1e-5)
-    assert (0 < curves["response_length"]).all() and (curves["response_length"] <= cfg.domain.action_length).all()
-    recorded = json.loads((workdir / "domain.json").read_text())
-    assert recorded["domain"] == "scienceworld"
-
-    # the warm-start corpus of training row 0 without perturbation is the gold path with correct
-    # tags, and its prompts are exactly what the rollout builds from the environment's answers
-    domain = built[0]
-    env, vocab = domain.env, domain.tokenizer
-    dev = env.workers[0].variations("find-non-living-thing", "dev")   # L0 tests on 2 of ScienceWorld's dev variations
-    assert recorded["test_variations"]["variation"] == sample(dev, 2, 0, 1, 0) and set(recorded["test_variations"]["variation"]) < set(dev)
-    pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
-    assert len(pairs) == 5 and all(c.split()[0] in ("plan", "explore", "reflect", "act") for _, c in pairs)
-    from derl_jax.domains.env import turn_prompts
-
-    context = {name: np.asarray(value)[:1] for name, value in domain.train.context.items()}
-    obs, states = env.reset(np.zeros((1, 2), np.uint32), context)
-    task = np.asarray(domain.train.prompts[:1])
-    window_actions = np.full((1, 1, env.action_length), vocab.pad_id, np.int32)
-    window_obs = obs[:, None]
-    for turn, (prompt, completion) in enumerate(pairs):
-        rollout_prompt, rollout_mask = turn_prompts(task, task != vocab.pad_id, window_actions, window_actions != vocab.pad_id,
-                                                    window_obs, window_obs != vocab.pad_id)
-        rollout_ids = np.asarray(rollout_prompt)[0][np.asarray(rollout_mask)[0]]
-        corpus_ids = vocab.encode_batch([prompt], domain.prompt_length, left_pad=True, add_bos=True)[0][0]
-        assert corpus_ids[corpus_ids != vocab.pad_id].tolist() == rollout_ids.tolist(), f"turn {turn}"
-        action = vocab.encode(completion, env.action_length)[None]
-        obs, states, reward, done, info = env.step(states, action)
-        assert info["step_score"].tolist() == [1.0], f"turn {turn}: {completion!r} is tagged as the rules say"
-        window_actions, window_obs = action[:, None], obs[:, None]
-    assert done.tolist() == [True] and info["success"].tolist() == [1.0] and math.isclose(info["score"][0], 1.0)
-    env.close()
-    assert env.workers == []

@@ -2,11 +2,13 @@
 the word vocabulary's assessment words, the environments reading the word off the action before
 the engine sees it, the host bridge handing the self-rewards to the rollout, the warm-start
 corpus writing the words by the rule, the configs; and the `sg_tiny` presets end to end on the
-real engines (slow)."""
+real engines through the launcher's final mode (slow), with the warm-start corpus checked against
+the rollout's own prompt layout (the engine domains' one end-to-end run each)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import jax
 import ml_collections
@@ -24,6 +26,7 @@ from derl_jax.domains.registry import get_domain
 from derl_jax.domains.scienceworld import corpus as sw_corpus
 from derl_jax.domains.scienceworld import env as sw_env
 from derl_jax.domains.scienceworld import tags as T
+from derl_jax.domains.scienceworld.splits import sample
 from derl_jax.domains.scienceworld.vocab import Vocabulary, words
 from derl_jax.experiment import build
 from derl_jax.experiment.run import run
@@ -290,8 +293,10 @@ def run_sg_tiny(module, monkeypatch, tmp_path):
     cfg.domain.self_rewards = REWARDS
     expression = composite_text(get_domain(cfg.domain.kind).primitive_names(cfg), SCHEDULE)
     assert expression == "g1+clip((1-u)/0.5,0,1)*g5"
-    run(cfg, str(tmp_path), "final", expression, progress=False)
+    final = run(cfg, str(tmp_path), "final", expression, progress=False)
     result = json.loads((tmp_path / "final_result.json").read_text())
+    assert result["expression"] == expression and result["seed"] == 0 and result["test"] == final.test
+    assert 0.0 <= result["test"] <= 1.0 and result["test"] * 2 == round(result["test"] * 2)   # 2 test episodes
     curves = {name: np.asarray(values) for name, values in result["curves"].items()}
     assert all(values.shape == (cfg.final.steps,) and np.isfinite(values).all() for values in curves.values())
     lam = np.array([1.0, 0.0])   # lambda(0), lambda(1)
@@ -299,7 +304,41 @@ def run_sg_tiny(module, monkeypatch, tmp_path):
                                atol=1e-5)
     bound = cfg.domain.max_turns * max(abs(r) for r in REWARDS)
     assert (np.abs(curves["primitive/g_sg"]) <= bound).all()
-    return cfg, built[0], result
+    for name in ("outcome", "phase_first", "phase_middle", "phase_last"):
+        assert ((0 <= curves[f"primitive/{name}"]) & (curves[f"primitive/{name}"] <= 1)).all()
+    assert (0 < curves["response_length"]).all() and (curves["response_length"] <= cfg.domain.action_length).all()
+    recorded = json.loads((tmp_path / "domain.json").read_text())
+    assert recorded["domain"] == cfg.domain.kind
+    return cfg, built[0], recorded
+
+
+def replay_gold_prompts(domain, context):
+    """Play the unperturbed warm-start corpus of training row 0 (the gold path or the planner's
+    plan, each action after its assessment word and reasoning tag): its prompts are exactly what
+    the rollout builds from the environment's answers, every turn is tagged as the rules say, and
+    the episode succeeds -> (number of turns, the last step's reward and info)."""
+    from derl_jax.domains.env import turn_prompts
+
+    env, vocab = domain.env, domain.tokenizer
+    pairs = domain.corpus(0, list(range(1, domain.train.size)), {"sft_perturb_rate": 0.0})
+    assert all(c.split()[0] in selfguide.ASSESSMENTS and c.split()[1] in ("plan", "explore", "reflect", "act")
+               for _, c in pairs)
+    obs, states = env.reset(np.zeros((1, 2), np.uint32), context)
+    task = np.asarray(domain.train.prompts[:1])
+    window_actions = np.full((1, 1, env.action_length), vocab.pad_id, np.int32)
+    window_obs = obs[:, None]
+    for turn, (prompt, completion) in enumerate(pairs):
+        rollout_prompt, rollout_mask = turn_prompts(task, task != vocab.pad_id, window_actions, window_actions != vocab.pad_id,
+                                                    window_obs, window_obs != vocab.pad_id)
+        rollout_ids = np.asarray(rollout_prompt)[0][np.asarray(rollout_mask)[0]]
+        corpus_ids = vocab.encode_batch([prompt], domain.prompt_length, left_pad=True, add_bos=True)[0][0]
+        assert corpus_ids[corpus_ids != vocab.pad_id].tolist() == rollout_ids.tolist(), f"turn {turn}"
+        action = vocab.encode(completion, env.action_length)[None]
+        obs, states, reward, done, info = env.step(states, action)
+        assert info["step_score"].tolist() == [1.0], f"turn {turn}: {completion!r} is tagged as the rules say"
+        window_actions, window_obs = action[:, None], obs[:, None]
+    assert done.tolist() == [True] and info["success"].tolist() == [1.0]
+    return len(pairs), reward, info
 
 
 def replay_corpus(domain, stepped):
@@ -327,9 +366,14 @@ def replay_corpus(domain, stepped):
 
 @pytest.mark.slow
 def test_scienceworld_sg_tiny_end_to_end(monkeypatch, tmp_path):
-    sw_env.require_engine()
-    _, domain, _ = run_sg_tiny(sw_config, monkeypatch, tmp_path)
+    sw_env.require_engine()   # the agents extra and Java are part of the test environment
+    _, domain, recorded = run_sg_tiny(sw_config, monkeypatch, tmp_path)
     assert domain.primitive_names[-1] == "g_sg" and domain.tokenizer.words[-3:] == selfguide.ASSESSMENTS
+    dev = domain.env.workers[0].variations("find-non-living-thing", "dev")   # L0 tests on 2 of ScienceWorld's dev variations
+    assert recorded["test_variations"]["variation"] == sample(dev, 2, 0, 1, 0) and set(recorded["test_variations"]["variation"]) < set(dev)
+    context = {name: np.asarray(value)[:1] for name, value in domain.train.context.items()}
+    turns, _, info = replay_gold_prompts(domain, context)
+    assert turns == 5 and math.isclose(info["score"][0], 1.0)
     sent = []
     for worker in domain.env.workers:   # the games of the replay are forks of the first JVM's worker
         fork = worker.fork
@@ -345,12 +389,16 @@ def test_scienceworld_sg_tiny_end_to_end(monkeypatch, tmp_path):
     replay_corpus(domain, lambda: sent)
     assert sent
     domain.env.close()
+    assert domain.env.workers == []
 
 
 @pytest.mark.slow
 def test_alfworld_sg_tiny_end_to_end(monkeypatch, tmp_path):
-    _, domain, _ = run_sg_tiny(alf_config, monkeypatch, tmp_path)
+    _, domain, recorded = run_sg_tiny(alf_config, monkeypatch, tmp_path)
     assert domain.primitive_names[-1] == "g_sg" and domain.tokenizer.words[-3:] == selfguide.ASSESSMENTS
+    assert len(recorded["train_games"]) == 6 and len(recorded["test_games"]) == 2
+    turns, reward, _ = replay_gold_prompts(domain, {"game": np.zeros(1, np.int32)})
+    assert 3 <= turns <= domain.env.max_turns and reward.tolist() == [1.0]
     sent, run_all = [], domain.env.workers.run_all
 
     def spying(ops_of):
