@@ -34,10 +34,10 @@ def test_domain_splits_are_the_level_splits(domain):
     for name in ("kind", "obj_type", "obj_loc", "recep_type", "description"):
         np.testing.assert_array_equal(getattr(tasks_of(domain.train), name), getattr(train, name))
         np.testing.assert_array_equal(getattr(tasks_of(domain.test), name), getattr(test, name))
-    words = vocab.WordVocab()
+    words, reset = vocab.WordVocab(), jax.jit(domain.env.reset)
     for row in range(3):
         prompt = np.asarray(domain.train.prompts[row])[np.asarray(domain.train.prompt_mask[row])]
-        room = words.decode(np.asarray(domain.env.reset(jax.random.PRNGKey(0), {n: getattr(train, n)[row] for n in household_env.TASK_FIELDS})[0]))
+        room = words.decode(np.asarray(reset(jax.random.PRNGKey(0), {n: getattr(train, n)[row] for n in household_env.TASK_FIELDS})[0]))
         assert prompt.tolist() == words.encode(words.decode(train.description[row]) + " " + room, add_bos=True)
         assert room.startswith("you are in the middle of a room")
     assert domain.primitive_names == ("outcome", "phase_first", "phase_middle", "phase_last")

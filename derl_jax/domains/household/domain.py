@@ -51,10 +51,16 @@ from primitives.agent import AGENT_PRIMITIVES
 DEFAULT_PERTURB_RATE = 0.3
 
 
+@jax.jit
+def _task_prompts(description: jax.Array, tasks: T.Task) -> jax.Array:
+    """i32[M, D+O+1]: each task's description and first room (one compiled program per M)."""
+    rooms, _ = jax.vmap(HouseholdEnv().reset, in_axes=(None, 0))(jax.random.PRNGKey(0), tasks)
+    return jax.vmap(task_prompt)(description, rooms)
+
+
 def make_dataset(tasks: T.Task) -> TokenDataset:
     """The TokenDataset of a task batch: task prompts i32[M, D+O+1] and the Task fields as context."""
-    rooms, _ = jax.vmap(HouseholdEnv().reset, in_axes=(None, 0))(jax.random.PRNGKey(0), T.to_device(tasks))
-    prompts = np.asarray(jax.vmap(task_prompt)(jnp.asarray(tasks.description), rooms))
+    prompts = np.asarray(_task_prompts(jnp.asarray(tasks.description), T.to_device(tasks)))
     context = {name: jnp.asarray(getattr(tasks, name)) for name in TASK_FIELDS}
     return TokenDataset(prompts=jnp.asarray(prompts), prompt_mask=jnp.asarray(prompts != vocab.PAD_ID),
                         context=context)
