@@ -1,8 +1,8 @@
 """Every user error of launch/run.py through the real command line: one line on stderr naming
 the flag, field or file, exit status 2, no traceback, nothing trained.
 
-All cases stop before a model is built; they run as concurrent subprocesses (one module-scoped
-fixture) so the file costs a few interpreter start-ups, not one per case.
+All cases stop before a model is built; they run once, as concurrent subprocesses (one
+module-scoped fixture read by one test), so the file costs one launch per case and no more.
 """
 
 from __future__ import annotations
@@ -126,44 +126,45 @@ USER_ERRORS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", USER_ERRORS)
-def test_a_user_error_is_one_line_with_status_2(cases, name):
-    completed, expected = cases[name]
+def user_error_problems(completed: subprocess.CompletedProcess, expected: str) -> list[str]:
+    """What is wrong with `completed` as a user error whose one line starts with `expected` (empty: nothing)."""
     lines = completed.stderr.strip().splitlines()
-    assert completed.returncode == 2, completed.stderr
-    assert "Traceback" not in completed.stderr
-    assert lines and lines[-1].startswith(PREFIX + expected), completed.stderr
     errors = [line for line in lines if "error" in line.lower()]
-    assert errors == [lines[-1]], completed.stderr  # usage text or other noise would show up here
-    assert completed.stdout == ""
+    checks = {
+        f"status {completed.returncode}, not 2": completed.returncode == 2,
+        "a traceback": "Traceback" not in completed.stderr,
+        f"the last line is not {PREFIX + expected!r}...": bool(lines) and lines[-1].startswith(PREFIX + expected),
+        "more than one error line (usage text or other noise)": bool(lines) and errors == [lines[-1]],
+        "output on stdout": completed.stdout == "",
+    }
+    return [problem for problem, fine in checks.items() if not fine]
 
 
+# One test reads the module's launches: under pytest-xdist every worker that runs a test of this
+# fixture would launch all of them again.
 @pytest.mark.slow
-def test_nothing_is_written_where_the_checks_fail(cases):
+def test_every_user_error_and_its_aftermath(cases):
+    """Each user error: one line naming the input, status 2, no traceback, nothing on stdout. Then:
+    nothing is written where the checks fail, a stale lock is taken over with a warning, --debug adds
+    the traceback and keeps status 2, and an internal error keeps its traceback (status 1)."""
+    problems = {name: user_error_problems(cases[name][0], cases[name][1]) for name in USER_ERRORS}
+    problems = {name: found for name, found in problems.items() if found}
+    assert not problems, "\n".join(f"{name}: {', '.join(found)}\n{cases[name][0].stderr}" for name, found in problems.items())
+
     root = cases["_root"]
     for index in [*range(1, 19), 22]:  # the workdirs of the config, flag, expression and policy errors
         assert not (root / f"e{index}").exists(), index
     assert sorted(os.listdir(root / "e19")) == []  # the data error released the lock and left nothing
 
-
-@pytest.mark.slow
-def test_a_stale_lock_is_taken_over_with_a_warning(cases):
     completed, _ = cases["data_missing"]  # ran in the workdir of a killed run, then stopped at its data
     assert f"stale lock of pid {cases['_stale_pid']} on host {socket.gethostname()}" in completed.stderr
-    assert not os.path.exists(cases["_root"] / "stale" / "run.lock")
+    assert not os.path.exists(root / "stale" / "run.lock")
 
-
-@pytest.mark.slow
-def test_debug_adds_the_traceback_and_keeps_status_2(cases):
     completed, expected = cases["debug_shows_the_traceback"]
     assert completed.returncode == 2
     assert "Traceback (most recent call last)" in completed.stderr
     assert completed.stderr.strip().splitlines()[-1].startswith(PREFIX + expected)
 
-
-@pytest.mark.slow
-def test_an_internal_error_keeps_its_traceback(cases):
     completed, _ = cases["internal_error"]
     assert completed.returncode == 1
     assert "Traceback (most recent call last)" in completed.stderr

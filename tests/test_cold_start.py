@@ -88,22 +88,22 @@ def checkpoint_run(module, preset: str, checkpoint: str, tmp_path, **domain):
     return result, info
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """One tiny checkpoint for every end-to-end run of this module (each run only reads it)."""
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
 @pytest.mark.slow
-def test_household_runs_end_to_end_with_a_checkpoint(tmp_path):
+def test_household_self_guide_in_words_end_to_end_with_a_checkpoint(checkpoint, tmp_path):
+    """The household's final mode with a checkpoint, the agent prompt, its cold start (cached in
+    the run's base_policy/) and self-assessments in words; the plain agent answer's run is
+    the ALFWorld and ScienceWorld runs below."""
     from configs import household
 
-    checkpoint_run(household, "smoke", write_checkpoint(tmp_path / "ckpt"), tmp_path, num_train=10, num_test=4,
-                   max_turns=3, window=1, answer_length=40, obs_length=64, admissible_length=160)
+    result, _ = checkpoint_run(household, "sg_smoke", checkpoint, tmp_path, num_train=10, num_test=4, max_turns=3,
+                               window=1, answer_length=64, obs_length=64, admissible_length=160)
     assert list((tmp_path / "run" / "base_policy").glob("cold_start_*.npz"))
-
-
-@pytest.mark.slow
-def test_household_self_guide_in_words_end_to_end_with_a_checkpoint(tmp_path):
-    from configs import household
-
-    result, _ = checkpoint_run(household, "sg_smoke", write_checkpoint(tmp_path / "ckpt"), tmp_path, num_train=10,
-                               num_test=4, max_turns=3, window=1, answer_length=64, obs_length=64,
-                               admissible_length=160)
     g_sg = np.asarray(result["curves"]["primitive/g_sg"])
     assert (np.abs(g_sg) <= 3 * 0.1 + 1e-6).all()
 
@@ -154,17 +154,17 @@ AGENT_SIZES = {"obs_length": 64, "action_length": 40, "admissible_length": 128} 
 
 
 @pytest.mark.slow
-def test_alfworld_tiny_runs_end_to_end_with_a_checkpoint(tmp_path):
+def test_alfworld_tiny_runs_end_to_end_with_a_checkpoint(checkpoint, tmp_path):
     pytest.importorskip("alfworld")
     from configs import alfworld
 
-    checkpoint_run(alfworld, "tiny", write_checkpoint(tmp_path / "ckpt"), tmp_path, max_turns=3, **AGENT_SIZES)
+    checkpoint_run(alfworld, "tiny", checkpoint, tmp_path, max_turns=3, **AGENT_SIZES)
 
 
 @pytest.mark.slow
-def test_scienceworld_tiny_runs_end_to_end_with_a_checkpoint(tmp_path):
+def test_scienceworld_tiny_runs_end_to_end_with_a_checkpoint(checkpoint, tmp_path):
     pytest.importorskip("scienceworld")
     from configs import scienceworld
 
-    checkpoint_run(scienceworld, "tiny", write_checkpoint(tmp_path / "ckpt"), tmp_path, num_train=5, num_test=1,
+    checkpoint_run(scienceworld, "tiny", checkpoint, tmp_path, num_train=5, num_test=1,
                    max_turns=3, **AGENT_SIZES)

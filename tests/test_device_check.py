@@ -12,7 +12,7 @@ from benchmarks import device_check
 from derl_jax.plan import analytic
 from derl_jax.plan.analytic import RunShape
 
-pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+pytestmark = pytest.mark.slow  # the whole module rides on one long script run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEAK = 1e12
@@ -30,13 +30,13 @@ def result(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_sections_and_device(result):
+def check_sections_and_device(result):
     assert {"tiny", "device", "machine", "memory", "mfu", "candidates", "wall_s", "complete"} <= set(result)
     assert result["tiny"] is True and result["complete"] is True
     assert result["device"] == {"platform": "cpu", "kind": result["device"]["kind"], "peak_flops": PEAK}
 
 
-def test_mfu_rows_use_the_planner_flops(result):
+def check_mfu_rows_use_the_planner_flops(result):
     settings = device_check.settings(tiny=True)
     assert [row["shape"] for row in result["mfu"]] == list(settings["mfu_models"])
     for row, model in zip(result["mfu"], settings["mfu_models"].values()):
@@ -52,7 +52,7 @@ def test_mfu_rows_use_the_planner_flops(result):
         assert row["sample_tokens_per_s"] == pytest.approx(row["rows"] * row["new_tokens"] / row["sample_s"])
 
 
-def test_candidate_rows(result):
+def check_candidate_rows(result):
     rows = result["candidates"]
     assert [row["K"] for row in rows] == list(device_check.settings(tiny=True)["candidates"])
     for row in rows:
@@ -61,7 +61,7 @@ def test_candidate_rows(result):
                                                        / row["batched_ms_per_candidate_step"])
 
 
-def test_memory_prediction_matches_what_was_allocated(result):
+def check_memory_prediction_matches_what_was_allocated(result):
     memory = result["memory"]
     assert memory["loss_finite"]
     assert set(memory["predicted"]) == {"sample", "update"}
@@ -74,3 +74,12 @@ def test_memory_prediction_matches_what_was_allocated(result):
     assert memory["predicted"]["update"]["peak_bytes"] >= 4 * analytic.param_bytes(model)
     assert memory["measured_source"] == "live_arrays"  # CPU keeps no allocator statistics
     assert memory["measured_over_predicted"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_tiny_check_writes_every_section_and_its_figures_agree(result):
+    """One test on the one script run: split over pytest-xdist's workers, each worker would run
+    the script again."""
+    check_sections_and_device(result)
+    check_mfu_rows_use_the_planner_flops(result)
+    check_candidate_rows(result)
+    check_memory_prediction_matches_what_was_allocated(result)

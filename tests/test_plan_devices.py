@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the whole module: each test rides on a long module fixture
+pytestmark = pytest.mark.slow  # a long module fixture
 
 SCRIPT = textwrap.dedent("""
     import json
@@ -73,21 +73,20 @@ def measured():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_analytic_per_device_bytes_equal_the_real_shards(measured):
+def test_the_plan_of_a_tiny_run_equals_what_the_run_allocates(measured):
+    """One test on the one subprocess run: split over pytest-xdist's workers, each worker would
+    run it again."""
     assert measured["devices"] == 8
-    # device 0 holds K / cand = 2 candidates, each split 2 ways over 'model'
+    # analytic per-device bytes equal the real shards: device 0 holds K / cand = 2 candidates,
+    # each split 2 ways over 'model'
     assert measured["real"]["params"] == measured["analytic_params"]
     assert measured["real"]["optimizer"] == measured["analytic_optimizer"]
-
-
-@pytest.mark.parametrize("piece", ["sample", "update"])
-def test_compiled_arguments_and_outputs_equal_the_real_allocation(measured, piece):
-    predicted, real = measured["predicted"][piece], measured["real"]
-    assert real[f"{piece}_args"] == pytest.approx(predicted["argument_bytes"], rel=0.01, abs=1024)
-    assert real[f"{piece}_out"] == pytest.approx(predicted["output_bytes"], rel=0.01, abs=1024)
-    assert predicted["temp_bytes"] > 0
-
-
-def test_update_donates_the_policy_and_optimizer_state(measured):
+    # the compiled arguments and outputs equal the real allocation
+    for piece in ("sample", "update"):
+        predicted, real = measured["predicted"][piece], measured["real"]
+        assert real[f"{piece}_args"] == pytest.approx(predicted["argument_bytes"], rel=0.01, abs=1024), piece
+        assert real[f"{piece}_out"] == pytest.approx(predicted["output_bytes"], rel=0.01, abs=1024), piece
+        assert predicted["temp_bytes"] > 0, piece
+    # the update donates the policy and the optimizer state
     update = measured["predicted"]["update"]
     assert update["alias_bytes"] >= measured["real"]["params"] + measured["real"]["optimizer"] - 64

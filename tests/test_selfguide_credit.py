@@ -1,7 +1,7 @@
 """Per-turn credit of Self-Guide's self-rewards (`inner.self_reward_credit="turn"`): the per-turn
 rewards, their group-relative advantages against a NumPy reference, the GRPO loss with one
-advantage per turn equal to the same turns as rows, and a household inner run with either
-prompt history (slow)."""
+advantage per turn equal to the same turns as rows, and a household inner run with the full
+prompt history (slow; the windowed one is test_selfguide_train.py's run)."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def test_the_credit_setting_is_checked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("history", ["window", "full"])
-def test_a_household_run_credits_turns(history, tmp_path):
+def test_a_household_run_credits_turns(tmp_path):
+    """Full history (windowed history with per-turn credit: test_selfguide_train.py)."""
     from configs import household
     from derl_jax.domains.registry import get_domain
     from derl_jax.experiment.checks import validate_config
@@ -108,7 +108,7 @@ def test_a_household_run_credits_turns(history, tmp_path):
     from derl_jax.selfguide import TrustSchedule, composite_text
 
     cfg = household.get_config("sg_smoke")
-    cfg.domain.update(num_train=10, num_test=4, max_turns=4, window=1, history=history, prompt_budget=0)
+    cfg.domain.update(num_train=10, num_test=4, max_turns=4, window=1, history="full", prompt_budget=0)
     cfg.policy.update(sft_steps=30, sft_lr=1e-2, sft_batch_size=32)   # it writes assessment words
     cfg.inner.update(steps=3, prompts_per_step=2, group_size=2, kl_metric=False, self_reward_credit="turn")
     validate_config(cfg)

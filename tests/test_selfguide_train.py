@@ -1,6 +1,8 @@
-"""One inner-loop run with Self-Guide on a tiny household config: it trains end to end, and the
-reward of every step is R_env + lambda(u) * sum_t r_sg_t recomputed in NumPy from the recorded
-episodes (the assessment word of each action read from the sampled tokens)."""
+"""One inner-loop run with Self-Guide on a tiny household config (windowed history, per-turn credit
+of the self-rewards): it trains end to end, and the logged reward of every step is still the
+episode's, R_env + lambda(u) * sum_t r_sg_t, recomputed in NumPy from the recorded episodes (the
+assessment word of each action read from the sampled tokens). Full history with per-turn credit:
+test_selfguide_credit.py; episode credit end to end: test_selfguide_engines.py."""
 
 import dataclasses
 
@@ -55,7 +57,7 @@ def setup(tmp_path_factory):
     cfg = household.get_config("sg_smoke")
     cfg.domain.update(num_train=10, num_test=4, max_turns=4, window=1, self_rewards=SELF_REWARDS)
     cfg.policy.update(sft_steps=30, sft_lr=1e-2, sft_batch_size=32)
-    cfg.inner.update(steps=STEPS, prompts_per_step=2, group_size=2, kl_metric=False)
+    cfg.inner.update(steps=STEPS, prompts_per_step=2, group_size=2, kl_metric=False, self_reward_credit="turn")
     spec = get_domain("household")
     spec.validate(cfg)
     domain = spec.build(cfg)

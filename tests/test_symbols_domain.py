@@ -291,10 +291,12 @@ def test_dense_reward_beats_the_decoy_and_a_seed_repeats_its_run(tmp_path):
 
 @pytest.mark.slow
 def test_the_launcher_runs_the_smoke_compare_end_to_end(tmp_path):
+    """One process runs both methods (a second worker would import JAX and compile everything again;
+    tests/test_compare_workers.py covers the compare shared out over processes)."""
     workdir = tmp_path / "run"
     completed = subprocess.run(
         [sys.executable, os.path.join(REPO_ROOT, "launch", "run.py"), "--config=configs/symbols.py:smoke",
-         "--mode=compare", f"--workdir={workdir}", "--noprogress"],
+         "--mode=compare", f"--workdir={workdir}", "--noprogress", "--config.compare.workers=1"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=900)
     assert completed.returncode == 0, completed.stderr[-3000:]
     saved = json.load(open(workdir / "results.json"))
