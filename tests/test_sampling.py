@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx, struct, traverse_util
 
+from derl_jax.models import logits as logits_lib
 from derl_jax.models import sampling as sm
 from derl_jax.models import transformer as tr
 
@@ -483,14 +484,14 @@ def test_logp_and_entropy_match_log_softmax_in_values_and_gradients():
         logp = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
         return logp, -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
 
-    for ours, expected in zip(jax.jit(sm.logp_and_entropy)(logits, tokens), jax.jit(reference)(logits)):
+    for ours, expected in zip(jax.jit(logits_lib.logp_and_entropy)(logits, tokens), jax.jit(reference)(logits)):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)
     weights = jnp.asarray(rng.standard_normal((2, 2, 3)), jnp.float32)
 
     def objective(fn):
         return lambda x: sum(jnp.sum(w * v) for w, v in zip(weights, fn(x)))
 
-    ours, expected = jax.jit(jax.grad(objective(lambda x: sm.logp_and_entropy(x, tokens))))(logits), \
+    ours, expected = jax.jit(jax.grad(objective(lambda x: logits_lib.logp_and_entropy(x, tokens))))(logits), \
         jax.jit(jax.grad(objective(reference)))(logits)
     assert bool(jnp.isfinite(ours).all())
     np.testing.assert_allclose(np.asarray(ours), np.asarray(expected), atol=2e-6, rtol=1e-6)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from derl_jax.models.attention import HeadMajorCache, init_head_major_cache
-from derl_jax.models.logits import head_logp_and_entropy, logp_and_entropy  # noqa: F401 (logp_and_entropy re-exported)
+from derl_jax.models.logits import head_logp_and_entropy
 from derl_jax.models.transformer import apply_hidden, apply_logits, config_of
 from derl_jax.models.config import ModelConfig
 
