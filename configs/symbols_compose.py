@@ -32,7 +32,7 @@ from configs import symbols
 # (2,000 each, benchmarks/results/symbols_rarity.json): easy 0.081, medium 0.042, hard 0.006
 LEVELS = {"easy": (2, 2), "medium": (2, 4), "hard": (3, 4)}
 # the base policy's sampled means over 512 inner-training prompts (derl_jax/rl/base_band.py): measured
-# on seeds 0-4 (benchmarks/results/symbols_compose_reference.json, 2026-12-04) easy/medium order
+# on seeds 0-4 (benchmarks/symbols_compose_reference.py, 2026-12-04, docs/domains/symbols.md) easy/medium order
 # 0.452-0.472, case 0.363-0.380, exact 0.000; ours: about 0.04 either side, exact as in configs/symbols.py
 BANDS = {"easy": {"order": (0.42, 0.51), "case": (0.33, 0.42), "exact": (0.0, 0.03)},
          "medium": {"order": (0.42, 0.51), "case": (0.33, 0.42), "exact": (0.0, 0.03)},
