@@ -7,12 +7,22 @@ import os
 
 import pytest
 
-from derl_jax.experiment import curve, protocol
+from derl_jax.experiment import build, curve, protocol
 from test_search import get_config
 
 
 def test_a_curve_point_is_a_final_training_and_a_rerun_resumes(tmp_path, monkeypatch):
+    # the curve's evaluator is kept so that the final training below runs its compiled program
     cfg = get_config("smoke")
+    evaluators = []
+    build_inner = build.build_inner
+
+    def build_and_keep(*args, **kwargs):
+        base_params, evaluator = build_inner(*args, **kwargs)
+        evaluators.append(evaluator)
+        return base_params, evaluator
+
+    monkeypatch.setattr(build, "build_inner", build_and_keep)
     result = curve.learning_curve(cfg, str(tmp_path), "g1", steps=[0, 2], seeds=[0, 1])
     assert result["steps"] == [0, 2] and result["seeds"] == [0, 1]
     base = json.load(open(tmp_path / "base_policy_test.json")) if (tmp_path / "base_policy_test.json").exists() else None
@@ -24,12 +34,11 @@ def test_a_curve_point_is_a_final_training_and_a_rerun_resumes(tmp_path, monkeyp
     assert result["mean"][1] == pytest.approx((result["test"][1][0] + result["test"][1][1]) / 2)
     assert os.path.isfile(tmp_path / "curve.png")
 
-    cfg.final.steps = 2   # the same point as `--mode=final` with 2 steps and seed 1
-    from derl_jax.experiment import build
+    assert cfg.final.steps == 2   # the same point as `--mode=final` with 2 steps and seed 1
     domain = build.build_domain(cfg)
-    base_params, evaluator = build.build_inner(domain, cfg, str(tmp_path))
-    final = protocol.train_final("g1", domain, evaluator, protocol.run_keys(1)["final"], base_params)
-    assert final.test == point["test"]
+    base_params, _ = build_inner(domain, cfg, str(tmp_path))   # the base policy read back from its cache
+    final = protocol.train_final("g1", domain, evaluators[0], protocol.run_keys(1)["final"], base_params)
+    assert final.test == point["test"] and final.test_items == point["test_items"]
 
     monkeypatch.setattr(protocol, "train_final", lambda *a, **k: pytest.fail("a kept point was trained again"))
     assert curve.learning_curve(cfg, str(tmp_path), "g1", steps=[0, 2], seeds=[0, 1])["test"] == result["test"]
