@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -20,6 +21,7 @@ from configs import math as math_config
 from derl_jax.config import ConfigError
 from derl_jax.experiment import build
 from derl_jax.experiment.checks import validate_config
+from derl_jax.models.hf_tokenizer import HFTokenizer
 from derl_jax.outer import get_strategy
 from derl_jax.outer.budget import final_steps, population_inner_steps, population_iterations
 from derl_jax.plan import report
@@ -33,6 +35,15 @@ CONFIGS = {arith: ("default", "smoke"), math_config: ("default", "mixture", "aut
 DESCRIBED = (math_config, gsm8k, household, alfworld, scienceworld)   # the math and agent domains
 EVERY = [(module, preset) for module, presets in CONFIGS.items() for preset in presets]
 ids = lambda case: f"{case[0].__name__.split('.')[-1]}:{case[1]}"  # noqa: E731
+
+
+@pytest.fixture(scope="module", autouse=True)
+def each_tokenizer_folder_read_once():
+    """A plan counts the agent prompt's tail in a tokenizer read from its folder
+    (`report.agent_tail_tokens`), several times per config: the module reads each folder once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(HFTokenizer, "from_directory", functools.lru_cache(maxsize=None)(HFTokenizer.from_directory))
+        yield
 
 
 def scratch_settings_leaking(meta) -> dict:
