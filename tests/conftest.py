@@ -17,6 +17,7 @@ import shutil
 import tempfile
 
 import chex
+import pytest
 
 chex.set_n_cpu_devices(8)
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
@@ -37,3 +38,18 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
 def pytest_unconfigure(config):
     if _OWN_COMPILE_CACHE is not None:
         shutil.rmtree(_OWN_COMPILE_CACHE, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Modules holding `slow` tests run first, each module's tests kept together (its fixtures
+    are built once): with pytest-xdist the long runs then start early instead of leaving one
+    worker busy at the end while the others wait."""
+    def has_slow(module):
+        return any(item.get_closest_marker("slow") for item in by_module[module])
+
+    by_module = {}
+    for item in items:
+        by_module.setdefault(item.module.__name__ if item.module else "", []).append(item)
+    ordered = sorted(by_module, key=lambda module: not has_slow(module))
+    items[:] = [item for module in ordered for item in by_module[module]]
