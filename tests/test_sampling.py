@@ -70,6 +70,14 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum())
 
 
+def _drawn_reference_logprobs(graphdef, params, prompt: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+    """f64[T]: the temperature-1 log-prob of each drawn token i32[T] after the prompt and the
+    tokens drawn before it, from full uncached forwards."""
+    sequence = np.concatenate([prompt, drawn])
+    return np.array([_log_softmax(_uncached_logits(graphdef, params, sequence, len(prompt) + t))[token]
+                     for t, token in enumerate(drawn)])
+
+
 def _greedy_reference(graphdef, params, prompt: np.ndarray, steps: int, allowed=None):
     """(tokens, logprobs) by repeated argmax over full uncached forwards of the unpadded prompt."""
     sequence = list(prompt)
@@ -85,7 +93,8 @@ def _greedy_reference(graphdef, params, prompt: np.ndarray, steps: int, allowed=
 
 
 def _sample(graphdef, params, prompts, mask, key=0, **kwargs):
-    options = dict(max_new_tokens=MAX_NEW, eos_id=NEVER, pad_id=PAD)
+    # the temperature always passed (traced): draws at every temperature share one compiled sampler
+    options = dict(max_new_tokens=MAX_NEW, eos_id=NEVER, pad_id=PAD, temperature=1.0)
     options.update(kwargs)
     return sm.sample_jit(graphdef, params, prompts, mask, jax.random.key(key), **options)
 
@@ -118,23 +127,38 @@ def test_decode_phases_run_every_step_once_and_read_the_slots_it_needs(write_fro
     assert len(phases) <= sm.DECODE_MAX_PHASES + 1
 
 
-def test_a_decode_in_phases_matches_the_uncached_reference_and_one_phase(model, batch, monkeypatch):
-    """40 new tokens after 6-token prompts read a 46-slot cache in three phases (16, 32, 46 slots):
-    greedy tokens and log-probs match full uncached forwards, and sampling draws what one phase over
-    the whole cache draws."""
+@pytest.mark.slow
+def test_a_greedy_decode_in_phases_matches_the_uncached_argmax_reference(model, batch):
+    """Every row decodes 40 tokens, through all three phases (the fast tier's sampled rows of
+    test_a_decode_in_phases_... end at an EOS, one of them in the last phase)."""
     _, graphdef, params = model
     real, prompts, mask = batch
-    assert [slots for *_, slots in sm.decode_phases(6, 40, 46)] == [16, 32, 46]
     greedy = _sample(graphdef, params, prompts, mask, greedy=True, max_new_tokens=40)
     for row, prompt in enumerate(real):
         tokens, logprobs = _greedy_reference(graphdef, params, prompt, 40)
         np.testing.assert_array_equal(np.asarray(greedy.tokens[row]), tokens)
         np.testing.assert_allclose(np.asarray(greedy.logprobs[row]), logprobs, atol=5e-5)
+
+
+def test_a_decode_in_phases_matches_the_uncached_reference_and_one_phase(model, batch, monkeypatch):
+    """Up to 40 new tokens after 6-token prompts read a 46-slot cache in three phases (16, 32, 46
+    slots): the drawn tokens' log-probs match full uncached forwards, and sampling draws what one
+    phase over the whole cache draws."""
+    _, graphdef, params = model
+    real, prompts, mask = batch
+    assert [slots for *_, slots in sm.decode_phases(6, 40, 46)] == [16, 32, 46]
+
     def sample():   # jitted afresh: traced under the decode_phases in place at the call
         return jax.jit(functools.partial(sm.sample, max_new_tokens=40, eos_id=5, pad_id=PAD), static_argnums=0)(
             graphdef, params, prompts, mask, jax.random.key(3))
 
     phased = sample()
+    assert int(phased.lengths.max()) > 32   # some row reads the last phase's slots
+    for row, prompt in enumerate(real):
+        length = int(phased.lengths[row])
+        drawn = np.asarray(phased.tokens[row, :length])
+        np.testing.assert_allclose(np.asarray(phased.logprobs[row, :length]),
+                                   _drawn_reference_logprobs(graphdef, params, prompt, drawn), atol=5e-5)
     traced = []
     monkeypatch.setattr(sm, "decode_phases",
                         lambda write_from, steps, length: traced.append(steps) or [(1, steps, length)])
@@ -142,7 +166,6 @@ def test_a_decode_in_phases_matches_the_uncached_reference_and_one_phase(model, 
     assert traced == [40]   # the second draw was traced with one phase
     np.testing.assert_array_equal(np.asarray(phased.tokens), np.asarray(single.tokens))
     np.testing.assert_array_equal(np.asarray(phased.mask), np.asarray(single.mask))
-    assert int(phased.lengths.max()) > 16   # some row reads past the first phase
     np.testing.assert_allclose(np.asarray(phased.logprobs), np.asarray(single.logprobs), rtol=1e-5, atol=1e-5)
 
 
@@ -281,7 +304,8 @@ def test_replayed_runs_fn_only_for_its_gradient():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
-@pytest.mark.parametrize("group_size", [1, 3])
+# group size 1: the full tier; a group of 3 replays the same products after one prefill per group
+@pytest.mark.parametrize("group_size", [pytest.param(1, marks=pytest.mark.slow), 3])
 def test_decode_products_replayed_give_the_same_logprobs_and_gradients(model, group_size):
     # the decode's products (SampleOutput.products) replayed in the teacher-forced pass: the same
     # log-probs, entropies and parameter gradients as recomputing them, with left padding, a
@@ -321,8 +345,9 @@ def test_decode_products_replayed_give_the_same_logprobs_and_gradients(model, gr
 
 def test_the_decode_overwrites_every_element_of_the_product_scratch(model, monkeypatch):
     # product_scratch (the buffers of the step before) may hold anything: the decode writes every
-    # element, so garbage in it changes neither the products nor the draws; the probabilities
-    # are 0 on the key slots a step did not read (the first phase reads fewer than the buffer holds)
+    # element, so garbage in it changes neither the products nor the draws (against zeros: one
+    # compiled sampler for both); the probabilities are 0 on the key slots a step did not read
+    # (the first phase reads fewer than the buffer holds)
     config, graphdef, params = model
     _, prompts, mask = _batch()
     monkeypatch.setattr(sm, "DECODE_BLOCK", 4)   # phases of 8 and 12 slots: the first reads fewer than 11
@@ -333,14 +358,15 @@ def test_the_decode_overwrites_every_element_of_the_product_scratch(model, monke
     def _sample(graphdef, params, prompts, mask, key, keep_products, product_scratch=None):
         return sample(graphdef, params, prompts, mask, jax.random.key(key), product_scratch=product_scratch)
 
-    fresh = _sample(graphdef, params, prompts, mask, key=4, keep_products=True)
     shapes = jax.eval_shape(lambda: sm.product_buffers(config, 3, MAX_NEW - 1, 6 + MAX_NEW - 1))
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+    zeroed = _sample(graphdef, params, prompts, mask, key=4, keep_products=True, product_scratch=zeros)
     rng = np.random.default_rng(9)
     garbage = jax.tree_util.tree_map(lambda a: jnp.asarray(rng.normal(size=a.shape) + 7.0, a.dtype), shapes)
     reused = _sample(graphdef, params, prompts, mask, key=4, keep_products=True, product_scratch=garbage)
-    chex.assert_trees_all_equal(reused.tokens, fresh.tokens)
-    chex.assert_trees_all_equal(reused.products, fresh.products)
-    probs = np.asarray(fresh.products[0]["probs"])   # [B, K, G, T - 1, S]
+    chex.assert_trees_all_equal(reused.tokens, zeroed.tokens)
+    chex.assert_trees_all_equal(reused.products, zeroed.products)
+    probs = np.asarray(zeroed.products[0]["probs"])   # [B, K, G, T - 1, S]
     np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
     assert np.all(probs[:, :, :, 0, 6 + 1:] == 0.0)   # the first fed token reads the prompt and itself
     with pytest.raises(AssertionError):
