@@ -259,10 +259,9 @@ class HostCounterEnv:
 
 @pytest.mark.slow
 def test_a_host_environment_plays_the_same_episodes_inside_the_scan():
-    jax_domain, _, params, batch, key, episode, _ = window_episodes(0, True)   # greedy, against the JAX env
+    jax_domain, graphdef, params, batch, key, episode, _ = window_episodes(0, True)   # greedy, against the JAX env
     host_env = HostCounterEnv()
     host_domain = dataclasses.replace(jax_domain, env=host_env)
-    graphdef = tiny_policy(jax_domain)[0]
     host_episode, _ = jax.jit(rollout_lib.device_rollout(host_domain, graphdef, CFG).fn, static_argnums=3)(
         params, batch, key, True)
     for name in ("success", "step_scores", "step_mask", "tokens"):
@@ -337,7 +336,8 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
         ended_by_budget += int(np.sum(alive & ~fits))
         alive &= fits
         np.testing.assert_array_equal(taken[:, t], alive)
-        # one width for every turn (the longest whole-history prompt): one compiled sampler per greedy
+        # one width for every turn and budget (the longest whole-history prompt): one compiled sampler
+        # per greedy, the window's too
         prompts, prompt_mask = left_padded(streams, counter_domain("full").prompt_length)
         want = sampling.sample_jit(graphdef, params, prompts, prompt_mask, jax.random.fold_in(turn_key, t),
                                    max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=greedy)
@@ -366,9 +366,11 @@ def test_full_history_turns_sample_what_their_whole_prompt_samples(budget, greed
 def window_rollout(budget: int):
     """(domain, graphdef, rollout, jitted rollout.fn) of the counter with a window of 2 turns at
     `budget`, made once per process, so every test that plays its episodes (with CFG's sampling
-    settings) shares one compiled program per batch shape and greedy flag."""
+    settings) shares one compiled program per batch shape and greedy flag. The policy is the
+    whole history's (positions for its longer prompts): the window's prompts written out at the
+    whole history's width are sampled and scored by the programs of the whole history's."""
     domain = dataclasses.replace(counter_domain(2), prompt_budget=budget)
-    graphdef = tiny_policy(counter_domain(2))[0]
+    graphdef = tiny_policy(counter_domain("full"))[0]
     rollout = rollout_lib.device_rollout(domain, graphdef, CFG)
     return domain, graphdef, rollout, jax.jit(rollout.fn, static_argnums=3)
 
@@ -378,7 +380,7 @@ def window_episodes(budget: int, greedy: bool, seed: int = 3):
     """(domain, graphdef, params, batch, key, episode, update rows) of 16 sampled episodes with a
     window of 2 turns, sampled once per process (the tests only read them)."""
     domain, graphdef, _, play = window_rollout(budget)
-    params = tiny_policy(counter_domain(2), seed=seed)[1]
+    params = tiny_policy(counter_domain("full"), seed=seed)[1]
     batch = domain.train.take(np.arange(16))
     key = jax.random.key(5)
     episode, rows = play(params, batch, key, greedy)
@@ -409,8 +411,10 @@ def written_out_window_prompts(domain: Domain, batch: TokenDataset, episode) -> 
     return prompts
 
 
-# greedy: the full tier, where the window's greedy episodes are played anyway (the replay and host tests)
-@pytest.mark.parametrize("budget, greedy", [pytest.param(0, True, marks=pytest.mark.slow), (0, False), (6, False)])
+# greedy: the full tier, where the window's greedy episodes are played anyway (the replay and host
+# tests); no budget: the full tier too, as a budget of 6 leaves the first turn's prompt whole
+@pytest.mark.parametrize("budget, greedy", [pytest.param(0, True, marks=pytest.mark.slow),
+                                            pytest.param(0, False, marks=pytest.mark.slow), (6, False)])
 def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     """Every turn of a windowed episode (the task read once, the window appended after it) draws,
     key for key, what `sample` draws after its prompt written out in Python, and its update row
@@ -425,8 +429,8 @@ def test_window_turns_sample_what_their_whole_prompt_samples(budget, greedy):
     for t in range(domain.env.max_turns):
         turn = [prompts[n][t] for n in range(16)]
         full += sum(len(p) == domain.prompt_length for p in turn)
-        # the widest window prompt (no budget) for every budget: one compiled sampler per greedy
-        want = sampling.sample_jit(graphdef, params, *left_padded(turn, counter_domain(2).prompt_length),
+        # the whole history's width for every window and budget: one compiled sampler per greedy
+        want = sampling.sample_jit(graphdef, params, *left_padded(turn, counter_domain("full").prompt_length),
                                    jax.random.fold_in(turn_key, t), max_new_tokens=2, eos_id=EOS, pad_id=PAD,
                                    greedy=greedy)
         live = np.flatnonzero(taken[:, t])
@@ -469,6 +473,13 @@ def losses_and_grads(logprobs, params, batch):
                     for i, agg in enumerate(LOSS_AGGS)}
 
 
+@functools.lru_cache(maxsize=None)
+def row_losses_and_grads(graphdef):
+    """`losses_and_grads` through one row per turn (`rollout_lib.row_logprobs`), jitted once per
+    policy: the whole history's and the window's rows, written out at one width, share it."""
+    return jax.jit(functools.partial(losses_and_grads, rollout_lib.row_logprobs(graphdef)))
+
+
 @pytest.mark.parametrize("history", ["full", "window"])
 def test_the_packed_update_trains_like_one_row_per_turn(history):
     """GRPO's loss, metrics and gradient through one row per episode (the whole history: one
@@ -484,7 +495,7 @@ def test_the_packed_update_trains_like_one_row_per_turn(history):
         written = [prompt for per_turn in written_out_window_prompts(domain, batch, episode) for prompt in per_turn]
     count, turns, length = packed["completions"].shape
     advantages = jnp.asarray(np.random.default_rng(0).normal(size=count).astype(np.float32))
-    prompts, prompt_mask = left_padded(written, domain.prompt_length)
+    prompts, prompt_mask = left_padded(written, counter_domain("full").prompt_length)
     rows = {"prompts": prompts, "prompt_mask": prompt_mask, "advantages": jnp.repeat(advantages, turns),
             **{k: packed[k].reshape(count * turns, length) for k in ("completions", "mask", "old_logp")},
             # the rows of one episode share its token count (read by "episode_mean" only)
@@ -492,7 +503,7 @@ def test_the_packed_update_trains_like_one_row_per_turn(history):
     run = rollout_lib.device_rollout(domain, graphdef, CFG)
     packed_logp, packed_out = jax.jit(functools.partial(losses_and_grads, run.logprobs))(
         params, dict(packed, advantages=advantages))
-    _, row_out = jax.jit(functools.partial(losses_and_grads, rollout_lib.row_logprobs(graphdef)))(params, rows)
+    _, row_out = row_losses_and_grads(graphdef)(params, rows)
     taken = np.asarray(packed["mask"])
     np.testing.assert_allclose(np.asarray(packed_logp)[taken], np.asarray(packed["old_logp"])[taken],
                                rtol=1e-5, atol=1e-5)
