@@ -4,6 +4,7 @@ Meta-Optimizer, and the trained copies the host loop keeps on the devices."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -171,11 +172,13 @@ def test_sampling_counts_the_decode_phases_copy_of_the_cache():
     assert analytic.sampling_temp_bytes(short) == 16 * 32 * 21 * 8 + analytic.layer_buffers_bytes(model, 8, 7, 15)
 
 
-def test_the_agent_prompt_turn_counts_the_admissible_line_and_the_tail_the_rollout_appends():
+def test_the_agent_prompt_turn_counts_the_admissible_line_and_the_tail_the_rollout_appends(monkeypatch):
     from configs import alfworld as alfworld_config
     from derl_jax.domains import agent_prompt
-    from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
+    from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
 
+    # the planner counts the tail in a tokenizer read from its folder several times per config: read it once
+    monkeypatch.setattr(HFTokenizer, "from_directory", functools.lru_cache(maxsize=None)(HFTokenizer.from_directory))
     table = agent_prompt.load_table(bundled_qwen_tokenizer_dir())
     for preset, self_guide in ((None, False), ("self_guide", True)):
         cfg = alfworld_config.get_config(preset)
