@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -77,7 +78,7 @@ def test_a_new_primitive_file_is_discovered_and_used_in_a_reward(primitive_dir):
     assert table == {"g1": 0, "unitprims_hits": 0, "unitprims_h": 0, "g2": 1, "unitprims_length": 1}
     tree, validity = check_text("unitprims_h + 0.5*unitprims_length", table)
     assert validity.ok, validity.reason
-    rewards = evaluate(compile_expr(tree, num_primitives=2), values, jnp.float32(0.0))
+    rewards = jax.jit(evaluate)(compile_expr(tree, num_primitives=2), values, jnp.float32(0.0))   # as the inner loop runs it
     np.testing.assert_allclose(np.asarray(rewards), [1.375, 0.25, 1.125], rtol=1e-6)
 
 
@@ -148,7 +149,7 @@ def test_the_readme_example_adds_a_primitive_to_a_run_by_config_alone(readme_pri
     values = jnp.stack([p.fn(rollout, rows) for p in domain.primitives], axis=-1)  # f32[2, 5]
     tree, validity = check_text("correct + 0.5*short_answer", registry.symbol_table(domain.primitives))
     assert validity.ok, validity.reason
-    rewards = evaluate(compile_expr(tree, num_primitives=5), values, jnp.float32(0.5))
+    rewards = jax.jit(evaluate)(compile_expr(tree, num_primitives=5), values, jnp.float32(0.5))
     expected = np.asarray(correct(rollout, rows)) + 0.5 * (mask.sum(-1) <= 12)
     np.testing.assert_allclose(np.asarray(rewards), expected, rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(values[:, 4]), [1.0, 0.0])  # 9 tokens are short, 14 are not
