@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from absl import flags
 
 from derl_jax.checkpoint import atomic_write_json
 from derl_jax.experiment import curve, pages, stats
@@ -16,6 +18,7 @@ from derl_jax.experiment.report import write_report
 from test_claims import compare  # noqa: F401  (the fixture: a compare with a known 20-point gap)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join("launch", "results_pages.py")
 PAGE = """# Results
 
 Some prose a person wrote.
@@ -74,12 +77,29 @@ def test_collect_refuses_an_unfinished_run(tmp_path):
         pages.collect(str(tmp_path), str(tmp_path / "runs"), "../x")
 
 
-def test_the_command_line_regenerates_the_pages(kept):
+def results_pages_launcher():
+    """launch/results_pages.py as a module (once per process: it defines absl flags)."""
+    if "derl_results_pages" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("derl_results_pages", os.path.join(REPO_ROOT, SCRIPT))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["derl_results_pages"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["derl_results_pages"]
+
+
+def test_the_command_line_regenerates_the_pages(kept, capsys):
+    """The launcher's flags and main in this process; the launcher as a process (exit status,
+    one error line) is test_a_page_naming_a_run_that_is_not_kept_gets_one_line's."""
     page = kept / "page.md"
-    completed = subprocess.run([sys.executable, "launch/results_pages.py", f"--results_dir={kept}"],
-                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert completed.returncode == 0, completed.stderr
-    assert f"regenerated {page}" in completed.stdout and "stale text" not in page.read_text()
+    launcher = results_pages_launcher()
+    try:
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS([SCRIPT, f"--results_dir={kept}"])
+        launcher.main([SCRIPT])
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert f"regenerated {page}" in capsys.readouterr().out.splitlines()
+    assert "stale text" not in page.read_text()
 
 
 def test_the_repository_pages_are_up_to_date():
@@ -148,7 +168,7 @@ def test_a_page_naming_a_run_that_is_not_kept_gets_one_line(tmp_path):
     (results / "page.md").write_text("<!-- generated: missing_run -->\n<!-- end generated -->\n")
     with pytest.raises(FileNotFoundError, match="page.md: no kept run 'missing_run'"):
         pages.regenerate_all(str(results))
-    completed = subprocess.run([sys.executable, "launch/results_pages.py", f"--results_dir={results}"],
+    completed = subprocess.run([sys.executable, SCRIPT, f"--results_dir={results}"],
                                capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert completed.returncode == 1 and "Traceback" not in completed.stderr
     assert completed.stderr.strip().splitlines()[-1].endswith("--name=missing_run")
