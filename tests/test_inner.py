@@ -31,7 +31,7 @@ from test_inner_sharding import unsharded_results as tiny_unsharded_results
 from test_sft import greedy_texts, reference_correct, small_base_policy
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-STEPS = 24
+STEPS = 8   # validation accuracy goes from 0.07 to 0.3-0.4 in 8 steps on every key tried (the test asks +0.05)
 INNER = InnerConfig(steps=STEPS, prompts_per_step=8, group_size=4, max_new_tokens=28,
                           grpo=GRPOConfig(learning_rate=3e-4), eval_batch_size=64)
 EXPRESSIONS = ("g1", "g1 + 0.5*g2*g3", "g1/(g2-g2)")
@@ -285,9 +285,13 @@ def test_the_single_turn_scratch_has_the_shapes_of_the_products_it_is_replaced_b
     device = rollout.single_turn(domain, graphdef, TINY_INNER)
     scratch = device.scratch(params, rows, batch.prompts.shape[1])
     assert scratch is not None and len(scratch) == transformer.config_of(graphdef, params).num_layers
+    # one compiled decode: what it leaves in the buffers is the same whatever they held before,
+    # the loop's first (zeroed) scratch or garbage
     garbage = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, 3.0, a.dtype), scratch)
-    _, update_batch = jax.jit(device.fn, static_argnums=3)(params, batch, TINY_KEY, False, garbage)
-    _, fresh = jax.jit(device.fn, static_argnums=3)(params, batch, TINY_KEY, False)
+    decode = jax.jit(device.fn, static_argnums=3)
+    _, update_batch = decode(params, batch, TINY_KEY, False, garbage)
+    _, fresh = decode(params, batch, TINY_KEY, False, scratch)
+    assert all(not np.any(np.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(scratch))
     assert jax.tree_util.tree_structure(update_batch["products"]) == jax.tree_util.tree_structure(scratch)
     for got, want, like in zip(*map(jax.tree_util.tree_leaves, (update_batch["products"], fresh["products"], scratch))):
         assert got.shape == like.shape and got.dtype == like.dtype
