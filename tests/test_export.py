@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from absl import flags
 from flax import nnx, traverse_util
 
 from derl_jax.config import InputError
@@ -26,7 +25,6 @@ from derl_jax.models import hf_tokenizer as ht
 from derl_jax.models import transformer as tr
 from derl_jax.outer import candidate_policies
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 96
 _forward = jax.jit(tr.apply, static_argnums=0)
 
@@ -153,12 +151,18 @@ def test_export_errors_name_the_input(tmp_path, checkpoint_run):
         run(cfg, workdir, "final", policy=wrong)
 
 
-def test_launcher_export_of_a_directory_without_policies_exits_2_with_one_line(tmp_path):
-    completed = subprocess.run(
-        [sys.executable, os.path.join("launch", "run.py"), "--config=configs/arith.py:smoke", "--mode=export",
-         f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
-    assert completed.returncode == 2, completed.stderr
-    lines = completed.stderr.strip().splitlines()
+def test_launcher_export_of_a_directory_without_policies_exits_2_with_one_line(tmp_path, capsys):
+    """launch/run.py's flags and main in this process; a user error through the launcher as a
+    process (exit status 2, one line, no traceback) is tests/test_mesh_errors.py's."""
+    from test_launch import invoke, load_launcher
+
+    try:
+        with pytest.raises(SystemExit) as exited:
+            invoke(load_launcher(), "--mode=export", f"--workdir={tmp_path}")
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("launch/run.py: error: --workdir=") and (
         "holds no final_policy.npz" in lines[0])
     assert os.listdir(tmp_path) == []   # nothing written in the run directory
