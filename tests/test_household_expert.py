@@ -23,7 +23,10 @@ def tasks() -> T.Task:
 
 
 def play(tasks: T.Task, seed: int, rate: float):
-    return jax.device_get(C.play(T.to_device(tasks), jax.random.PRNGKey(seed), jnp.float32(rate), ENV, C.DEFAULT_WINDOW))
+    """`C.play` called as `C.sft_corpus` calls it (no prompt budget): the corpus of the same tasks
+    reuses the compiled program."""
+    return jax.device_get(C.play(T.to_device(tasks), jax.random.PRNGKey(seed), jnp.float32(rate), ENV,
+                                 C.DEFAULT_WINDOW, None))
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def test_vmapped_episodes_equal_step_by_step_episodes(tasks, mixed_run):
 
 
 def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
-    corpus = C.sft_corpus(tasks, seed=1, perturb_rate=0.25)
+    corpus = C.sft_corpus(tasks, seed=1, perturb_rate=0.25, env=ENV)
     prompts, prompt_mask, actions, episodes = mixed_run
     mask = episodes["step_mask"]
     assert len(corpus) == int(mask.sum())
