@@ -38,7 +38,7 @@ META = {
     "max_symbols": 24,
     "max_depth": 4,
     "cold_start_corpus": 200,
-    "cold_start_steps": 300,
+    "cold_start_steps": 150,
     "cold_start_lr": 3e-3,
     "lr": 3e-3,
     "kl": 0.01,
