@@ -76,7 +76,11 @@ def test_the_new_domain_is_registered_built_and_scored(echo):
     assert len(corpus) == 38 and all(p == c + "=" for p, c in corpus)
 
 
+@pytest.mark.slow
 def test_the_launcher_trains_the_new_domain_end_to_end(echo, tmp_path):
+    """`--mode=final` on the new domain. The daily tier has its pieces: the domain found, built and
+    scored (test_the_new_domain_is_registered_built_and_scored) and a registered domain's final
+    training from its config (tests/test_curve.py)."""
     from derl_jax.experiment.run import run
 
     cfg = echo.get_config()
