@@ -263,12 +263,13 @@ def prefixed_rows(rng, batch: int, turns: int, width: int, length: int, longest:
     return prefix, prefix_mask, blocks, block_mask, completions, mask, written_out
 
 
-# fast: every row at the block's width in chunks (3, 1, 1) and the grouped rows with padding in one
-# chunk (1, 8, 4); grouped rows in chunks: test_groups_of_rows_with_one_prefix_run_it_once[2-3-2]
+# fast: every row at the block's width in chunks (3, 1, 1); the rows in groups in the fast tier:
+# test_groups_of_rows_with_one_prefix_run_it_once[2-3-2] (in chunks) and, the last group padded,
+# test_policies_mapped_side_by_side_take_one_width_per_group
 @pytest.mark.parametrize("temperature, chunks, groups, widths, layers",
-                         [(0.7, 3, 1, 1, 2), (1.0, 1, 8, 4, 1),
+                         [(0.7, 3, 1, 1, 2),
                           *(pytest.param(*case, marks=pytest.mark.slow)
-                            for case in [(1.0, 1, 1, 1, 2), (1.0, 2, 8, 4, 1), (0.7, 3, 5, 3, 1)])])
+                            for case in [(1.0, 1, 1, 1, 2), (1.0, 1, 8, 4, 1), (1.0, 2, 8, 4, 1), (0.7, 3, 5, 3, 1)])])
 def test_rows_that_share_a_prefix_score_like_their_written_out_rows(temperature, chunks, groups, widths, layers):
     """A shared prefix (left padded, of different lengths), then each row's own block (real tokens
     to the right, one row with none) and completion: log-probs, entropies and gradients equal
@@ -333,9 +334,10 @@ def test_block_widths_hold_every_length_up_to_the_width():
 
 
 def test_policies_mapped_side_by_side_take_one_width_per_group():
-    """Under `vmap` over policies and their rows, each group's width is the widest any policy
-    needs (one branch of the switch runs, not every branch with a select), and every policy's
-    log-probs, entropies and gradients equal those of its rows written out."""
+    """Under `vmap` over policies and their rows (8 rows each, in 3 groups of 3, the last padded),
+    each group's width is the widest any policy needs (one branch of the switch runs, not every
+    branch with a select), and every policy's log-probs, entropies and gradients equal those of
+    its rows written out."""
     # one layer: the rows' layers are read as in the tests above, what is new here is the mapping
     graphdef, params = tiny_model(seed=6, num_layers=1)
     _, other = tiny_model(seed=7, num_layers=1)
@@ -349,7 +351,7 @@ def test_policies_mapped_side_by_side_take_one_width_per_group():
     def weighted_grad(p, prefix, prefix_mask, blocks, block_mask, completions, mask):
         def loss(p):
             logp, entropy = streams.prefixed_logprobs(graphdef, p, prefix, prefix_mask, blocks, block_mask,
-                                                      completions, mask, chunks=1, groups=2, widths=2)
+                                                      completions, mask, chunks=1, groups=3, widths=2)
             return jnp.sum(logp * weights), (logp, entropy)
         return jax.grad(loss, has_aux=True)(p)
 
