@@ -33,11 +33,17 @@ from configs import symbols
 LEVELS = {"easy": (2, 2), "medium": (2, 4), "hard": (3, 4)}
 # the base policy's sampled means over 512 inner-training prompts (derl_jax/rl/base_band.py): measured
 # on seeds 0-4 (benchmarks/symbols_compose_reference.py, 2026-12-04, docs/domains/symbols.md) easy/medium order
-# 0.452-0.472, case 0.363-0.380, exact 0.000; ours: about 0.04 either side, exact as in configs/symbols.py
+# 0.452-0.472, case 0.363-0.380, exact 0.000; hard (2026-12-05, benchmarks/results/symbols_compose_reference_hard.json)
+# order 0.465-0.490, case 0.365-0.385, end 0.285-0.326, exact 0.000; ours: about 0.04 either side, exact as in
+# configs/symbols.py
 BANDS = {"easy": {"order": (0.42, 0.51), "case": (0.33, 0.42), "exact": (0.0, 0.03)},
          "medium": {"order": (0.42, 0.51), "case": (0.33, 0.42), "exact": (0.0, 0.03)},
-         "hard": {}}
+         "hard": {"order": (0.43, 0.53), "case": (0.33, 0.42), "end": (0.25, 0.37), "exact": (0.0, 0.03)}}
 RATE = 0.4   # the warm-start corpus's per-aspect rate (ours; `level` says why)
+# ours: the `!` rate of m = 3 (hard); at 0.4 a reward without `end` reached `!` by drift (fewer-aspects
+# test exact match 0.156 against the top reward's 0.300, seeds 0-4); at 0.3 0.171 against 0.577 (seeds 0-4,
+# 3 keys each; benchmarks/results/symbols_compose_reference_hard.json)
+END_RATE_HARD = 0.3
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -57,7 +63,7 @@ def level(name: str) -> ml_collections.ConfigDict:
     # ours: every aspect's rate below 1/2, so greedy decoding gets no aspect right, yet close enough to
     # it that an aligned dense reward flips each aspect within the 64 inner steps (at 0.2, the symbols
     # corpus's rate, the top reward reached validation exact match 0.012 (m = 2) and 0.036 (m = 3))
-    cfg.policy.update(sft_reverse_rate=RATE, sft_upper_rate=RATE, sft_end_rate=RATE)
+    cfg.policy.update(sft_reverse_rate=RATE, sft_upper_rate=RATE, sft_end_rate=END_RATE_HARD if aspects == 3 else RATE)
     return cfg
 
 
