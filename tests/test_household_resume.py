@@ -1,5 +1,9 @@
 """A household search (real inner loop: windowed episodes, the task read once; real
 Meta-Optimizer) stopped after one iteration and continued gives the uninterrupted run's history.
+
+The three runs compile the same programs: the persistent compilation cache of the test session
+(its directory in $JAX_COMPILATION_CACHE_DIR, tests/conftest.py) is on in this process while they
+run, so the second and third runs read what the first compiled instead of compiling it again.
 """
 
 from __future__ import annotations
@@ -7,7 +11,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from derl_jax.experiment.run import run
 from derl_jax.logging import read_jsonl
@@ -25,8 +31,23 @@ def smoke_config(iterations: int):
     return cfg
 
 
+@pytest.fixture
+def persistent_compile_cache(tmp_path):
+    """JAX's persistent compilation cache on in this process for one test, every compilation
+    cached; the settings it found are restored afterwards."""
+    wanted = {"jax_compilation_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path / "xla_cache"),
+              "jax_persistent_cache_min_compile_time_secs": 0.0}
+    found = {name: getattr(jax.config, name) for name in wanted}
+    for name, value in wanted.items():
+        jax.config.update(name, value)
+    yield
+    for name, value in found.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
 @pytest.mark.slow
-def test_a_continued_household_search_equals_the_uninterrupted_one(tmp_path):
+def test_a_continued_household_search_equals_the_uninterrupted_one(tmp_path, persistent_compile_cache):
     straight = tmp_path / "straight"
     run(smoke_config(2), str(straight), "search", progress=False)
     resumed = tmp_path / "resumed"
