@@ -10,13 +10,18 @@ against a one-process run with two (fake) CPU devices and the same config:
   opened for writing, created, renamed or removed there, and no file of its making
   (orbax's per-process `process_1` parts) appears;
 * killing process 1, and later process 0, mid-run stops the whole job with a non-zero
-  status, and rerunning the command resumes and ends with the same history.
+  status, and rerunning the command resumes and ends with the same history: process 1 is
+  killed once the warm start is on disk (before the first checkpoint: the rerun starts the
+  search again on that warm start), process 0, the one that writes, once the first
+  iteration's checkpoint is on disk (the last rerun resumes from it).
 
-The three two-process launches are one chain (kill, kill, finish) to keep start-ups few.
+The three two-process launches are one chain (kill, kill, finish) to keep start-ups few; two
+outer iterations are enough for a resumed iteration and a Meta-Optimizer step after it.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -35,7 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launch", "multiprocess.sh")
 RUN_ARGS = [
     "launch/run.py", "--config=configs/arith.py:smoke", "--mode=search", "--config.mesh.cand=2",
-    "--config.outer.iterations=3",
+    "--config.outer.iterations=2",
 ]
 TIMEOUT_S = 600
 
@@ -127,18 +132,23 @@ def _process_pid(launcher_pid: int, process_id: int) -> int | None:
     return None
 
 
-def _two_processes(wrapper: str, workdir: str, audit_log: str, kill: tuple[int, int] | None = None):
-    """Run the search as 2 processes; `kill=(process_id, step)` SIGKILLs that process once
-    checkpoint `step` is on disk. Returns (launcher status, output)."""
+WARM_START_WRITTEN = os.path.join("base_policy", "base_policy_*.json")   # after its arrays
+FIRST_CHECKPOINT = os.path.join("checkpoints", "1")
+
+
+def _two_processes(wrapper: str, workdir: str, audit_log: str, kill: tuple[int, str] | None = None):
+    """Run the search as 2 processes; `kill=(process_id, pattern)` SIGKILLs that process once a
+    path matching the glob `pattern` (inside the run directory) is on disk. Returns (launcher
+    status, output)."""
     command = [LAUNCHER, "2", sys.executable, wrapper, *RUN_ARGS, f"--workdir={workdir}"]
     launcher = subprocess.Popen(command, cwd=REPO, env=_env(AUDIT_WORKDIR=workdir, AUDIT_LOG=audit_log),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = None
     if kill is not None:
-        process_id, step = kill
+        process_id, pattern = kill
         deadline = time.time() + TIMEOUT_S
         while killed is None and launcher.poll() is None and time.time() < deadline:
-            if os.path.isdir(os.path.join(workdir, "checkpoints", str(step))):
+            if glob.glob(os.path.join(workdir, pattern)):
                 killed = _process_pid(launcher.pid, process_id)
                 os.kill(killed, signal.SIGKILL)
             time.sleep(0.1)
@@ -148,7 +158,7 @@ def _two_processes(wrapper: str, workdir: str, audit_log: str, kill: tuple[int, 
         launcher.kill()
         output, _ = launcher.communicate()
     if kill is not None:
-        assert killed is not None, f"checkpoint {kill[1]} never appeared:\n{output[-3000:]}"
+        assert killed is not None, f"{kill[1]} never appeared:\n{output[-3000:]}"
     return launcher.returncode, output
 
 
@@ -172,13 +182,14 @@ def runs(tmp_path_factory):
     with open(wrapper, "w", encoding="utf-8") as handle:
         handle.write(AUDIT_WRAPPER)
     single_dir, multi_dir, audit_log = str(root / "single"), str(root / "multi"), str(root / "audit.jsonl")
-    single = subprocess.Popen(  # runs alongside the first two-process launch
+    single = subprocess.Popen(  # runs alongside the first two two-process launches
         [sys.executable, *RUN_ARGS, f"--workdir={single_dir}"], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env=_env(XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {_compile_flags()}"))
-    chain = [_two_processes(wrapper, multi_dir, audit_log, kill=(1, 1))]
+    chain = [_two_processes(wrapper, multi_dir, audit_log, kill=(1, WARM_START_WRITTEN))]
+    assert not os.path.exists(os.path.join(multi_dir, FIRST_CHECKPOINT)), "the first launch ran past its first checkpoint"
+    chain.append(_two_processes(wrapper, multi_dir, audit_log, kill=(0, FIRST_CHECKPOINT)))
     output, _ = single.communicate(timeout=TIMEOUT_S)
     assert single.returncode == 0, output[-3000:]
-    chain.append(_two_processes(wrapper, multi_dir, audit_log, kill=(0, 2)))
     chain.append(_two_processes(wrapper, multi_dir, audit_log))
     return {"single_dir": single_dir, "multi_dir": multi_dir, "audit_log": audit_log, "chain": chain}
 
@@ -193,14 +204,14 @@ def test_two_processes_resume_to_the_single_process_history(runs):
     status, output = runs["chain"][2]
     assert status == 0, output[-3000:]
     single, multi = _search_files(runs["single_dir"]), _search_files(runs["multi_dir"])
-    assert len(multi["history"]) == 3 * 2  # iterations x candidates
+    assert len(multi["history"]) == 2 * 2  # iterations x candidates
     # scores, expressions, curves and budget exactly; the Meta-Optimizer's update metrics to float
     # rounding (each process compiles its own copy of that step, and unoptimised compilations of
     # the same update have been seen to differ in an entropy's 7th digit)
     multi_metrics, single_metrics = multi.pop("metrics"), single.pop("metrics")
     assert multi == single
     # the Meta-Optimizer's parameters live on the whole mesh: one device in each process
-    assert [r["strategy/devices"] for r in multi_metrics] == [2.0] * 3
+    assert [r["strategy/devices"] for r in multi_metrics] == [2.0] * 2
     assert [sorted(r) for r in multi_metrics] == [sorted(r) for r in single_metrics]
     for got, want in zip(multi_metrics, single_metrics):
         numbers = [k for k, v in want.items() if isinstance(v, float)]
