@@ -186,7 +186,7 @@ def runs(tmp_path_factory):
         [sys.executable, *RUN_ARGS, f"--workdir={single_dir}"], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env=_env(XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {_compile_flags()}"))
     chain = [_two_processes(wrapper, multi_dir, audit_log, kill=(1, WARM_START_WRITTEN))]
-    assert not os.path.exists(os.path.join(multi_dir, FIRST_CHECKPOINT)), "the first launch ran past its first checkpoint"
+    assert not os.path.exists(os.path.join(multi_dir, FIRST_CHECKPOINT)), "the first launch passed its first checkpoint"
     chain.append(_two_processes(wrapper, multi_dir, audit_log, kill=(0, FIRST_CHECKPOINT)))
     output, _ = single.communicate(timeout=TIMEOUT_S)
     assert single.returncode == 0, output[-3000:]
