@@ -164,6 +164,21 @@ def test_loss_counts_completion_tokens_only():
     assert got == pytest.approx(np.mean(nll), rel=1e-5)
 
 
+def test_trimming_padding_columns_keeps_the_loss_and_drops_only_padding():
+    domain = make_arith_domain(TINY_DOMAIN)
+    corpus = [("3+4=", "1:3+4=7;[7]"), ("12-5=", "1:12-5=7;7"), ("9*9=", "[81]")]
+    data = sft.encode_corpus(domain.tokenizer, corpus, 12, 20)
+    trimmed = sft.trim_padding(data)
+    longest_prompt = max(len(domain.tokenizer.encode(p, add_bos=True)) for p, _ in corpus)
+    longest_completion = max(len(domain.tokenizer.encode(c, add_eos=True)) for _, c in corpus)
+    assert trimmed.prompts.shape == (3, longest_prompt) and trimmed.completions.shape == (3, longest_completion)
+    assert int(trimmed.prompt_mask.sum()) == int(data.prompt_mask.sum())
+    assert int(trimmed.completion_mask.sum()) == int(data.completion_mask.sum())
+    graphdef, params = init_params(sft.policy_model_config(domain, TINY_POLICY), jax.random.key(2))
+    nll = jax.jit(sft.completion_nll, static_argnums=0)
+    assert float(nll(graphdef, params, trimmed)) == pytest.approx(float(nll(graphdef, params, data)), rel=1e-5)
+
+
 def test_encode_corpus_rejects_a_completion_that_does_not_fit():
     domain = make_arith_domain({"seed": 1, "num_train": 8, "num_test": 4, "levels": (1,), "max_new_tokens": 14})
     with pytest.raises(ValueError, match="more than length=5"):

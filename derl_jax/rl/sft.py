@@ -203,6 +203,19 @@ def encode_corpus(tokenizer: Any, corpus: Sequence[tuple[str, str]], prompt_leng
                    completions=jnp.asarray(completions), completion_mask=jnp.asarray(completion_mask))
 
 
+def trim_padding(data: SFTData) -> SFTData:
+    """`data` without the prompt columns that are padding in every row (prompts are left padded)
+    and the completion columns past every row's EOS: i32[M, Tp'] and i32[M, T'] with Tp' <= Tp,
+    T' <= T. The loss is the same (positions are ranks among a row's real tokens), its cost
+    smaller."""
+    prompt_used = np.asarray(data.prompt_mask).any(axis=0)
+    completion_used = np.asarray(data.completion_mask).any(axis=0)
+    first = int(np.argmax(prompt_used)) if prompt_used.any() else data.prompts.shape[1] - 1
+    last = int(np.flatnonzero(completion_used)[-1]) + 1 if completion_used.any() else 1
+    return SFTData(prompts=data.prompts[:, first:], prompt_mask=data.prompt_mask[:, first:],
+                   completions=data.completions[:, :last], completion_mask=data.completion_mask[:, :last])
+
+
 def pack_corpus(tokenizer: Any, corpus: Sequence[tuple[str, str]], capacity: int,
                 completion_length: int) -> SFTStreams:
     """Pack (prompt, completion) pairs into episode streams of `capacity` slots: a pair whose
@@ -388,7 +401,8 @@ def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy
     if sft_cfg.steps == 0:
         return params
     corpus = domain_corpus(domain, seed, holdout_rows, policy_cfg)
-    data = encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length), int(domain.max_new_tokens))
+    data = trim_padding(encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length),
+                                      int(domain.max_new_tokens)))
     description = {"code_version": SFT_CODE_VERSION, "domain": domain.name, "source": str(source),
                    "model": repr(config_of(graphdef, params)), "sft": dataclasses.asdict(sft_cfg),
                    "data": _array_digest(data)}
