@@ -8,10 +8,19 @@ Many tests compile the same programs (the same tiny policies, inner loops and sa
 session shares one persistent compilation cache, as `launch/run.py` does for a run's processes:
 a fresh directory made by the first process (pytest-xdist's workers and the tests' subprocesses
 inherit it through the environment) and removed by that process at the end. Tests compile far
-more than they run, so XLA compiles without LLVM optimisation (`--xla_backend_optimization_level=0`) in
+more than they run, so XLA compiles without LLVM optimisation (`--xla_backend_optimization_level=0`)
+and with XLA:CPU's older elemental emitters instead of its MLIR fusion emitters
+(`--xla_cpu_use_fusion_emitters=false`, which halves the compile time of the tests' programs) in
 every process of the session, unless XLA_FLAGS already sets an optimisation level.
+
+Set-ups that several test modules share and that cost more to build than to read (the small SFT
+base policy of test_sft/test_inner) are built once per session in `shared_build_dir()`, a
+directory made the same way, under a file lock: the first worker that needs one builds it, the
+others wait and read it.
 """
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -22,7 +31,8 @@ import pytest
 chex.set_n_cpu_devices(8)
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"]).strip()
+                                        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                                        "--xla_cpu_use_fusion_emitters=false"]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,9 +45,34 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
+_OWN_SHARED_DIR = None
+if not os.environ.get("DERL_TEST_SHARED_DIR"):
+    _OWN_SHARED_DIR = tempfile.mkdtemp(prefix="derl_jax_test_shared_")
+    os.environ["DERL_TEST_SHARED_DIR"] = _OWN_SHARED_DIR
+
+
+def shared_build_dir(name: str) -> str:
+    """A directory `name` that every process of this test session sees (made on first use)."""
+    path = os.path.join(os.environ["DERL_TEST_SHARED_DIR"], name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def session_lock(name: str):
+    """Holds an exclusive lock named `name` across the session's processes."""
+    with open(os.path.join(shared_build_dir("locks"), name), "w", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def pytest_unconfigure(config):
-    if _OWN_COMPILE_CACHE is not None:
-        shutil.rmtree(_OWN_COMPILE_CACHE, ignore_errors=True)
+    for own in (_OWN_COMPILE_CACHE, _OWN_SHARED_DIR):
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)

@@ -1,24 +1,23 @@
 """The base policy (derl_jax.rl.sft): supervised warm start, its corpus and its cache.
 
 `small_base_policy()` builds the small base policy that tests/test_inner.py starts GRPO
-from; it is built once per process.
+from; it is built once per test session (tests/conftest.py `shared_build_dir`) and read by
+every other process that needs it.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import glob
 import os
-import shutil
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import session_lock, shared_build_dir
 from derl_jax.domains.arith import BOX_CLOSE, BOX_OPEN, make_arith_domain
 from derl_jax.models.sampling import sample_jit
 from derl_jax.models.transformer import apply, init_params
@@ -64,12 +63,13 @@ class BaseSetup:
 
 @functools.lru_cache(maxsize=None)
 def small_base_policy() -> BaseSetup:
-    """The small base policy, built by `sft.base_policy` in a fresh temporary cache."""
+    """The small base policy, built by `sft.base_policy` in the session's cache (empty when the
+    session starts) or read from it."""
     domain = make_arith_domain(SMALL_DOMAIN)
     rows = setup.validation_rows(domain.train.size, SPLIT_SEED)
-    cache_dir = tempfile.mkdtemp(prefix="derl_sft_test_")
-    atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
-    graphdef, params = sft.base_policy(domain, SMALL_POLICY, cache_dir, seed=0, holdout_rows=rows)
+    cache_dir = shared_build_dir("small_base_policy")
+    with session_lock("small_base_policy"):
+        graphdef, params = sft.base_policy(domain, SMALL_POLICY, cache_dir, seed=0, holdout_rows=rows)
     (cache_file,) = glob.glob(os.path.join(cache_dir, "*.npz"))
     _, _, losses = sft.load_policy(cache_file, sft.policy_model_config(domain, SMALL_POLICY))
     return BaseSetup(domain, rows, graphdef, params, losses, cache_file)
