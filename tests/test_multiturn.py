@@ -31,7 +31,7 @@ from derl_jax.rl import rollout as rollout_lib
 from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.grpo import GRPOConfig, grpo_loss
-from derl_jax.rl.loop import make_inner_loop
+from derl_jax.rl.loop import make_inner_loop, rewards_and_advantages
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 
@@ -541,25 +541,41 @@ def test_full_history_training_over_a_data_axis_equals_one_device():
 @pytest.mark.slow
 def test_one_weight_per_episode_with_a_window_over_a_data_axis_equals_one_device():
     """loss_agg "episode_mean" with a window: episodes cut over 4 devices train as on one, and the
-    weights are used (the run differs from token_mean's and from one weight per turn's)."""
+    weights are used (step 0's loss is episode_mean's on the loop's own first episodes, which
+    differs from token_mean's and from one weight per turn's). The other aggregations' losses come
+    from one compiled loss program (`losses_and_grads`), not from two more training loops."""
     domain = counter_domain(2)
     graphdef, params = tiny_policy(domain)
     program = compile_expr(parse("g1 + 0.5*g2", list(domain.primitive_names)))
     key = jax.random.key(7)
+    cfg = CFG.replace(steps=2, grpo=dataclasses.replace(CFG.grpo, loss_agg="episode_mean"))
 
-    def train(loss_agg, mesh=None):
-        cfg = CFG.replace(steps=2, grpo=dataclasses.replace(CFG.grpo, loss_agg=loss_agg))
+    def train(mesh=None):
         return jax.jit(make_inner_loop(domain, graphdef, cfg, mesh).train)(params, program, key, domain.train)
 
-    want_params, want = train("episode_mean")
-    got_params, got = train("episode_mean", make_mesh(1, 4, 1, devices=jax.devices()[:4]))
+    want_params, want = train()
+    got_params, got = train(make_mesh(1, 4, 1, devices=jax.devices()[:4]))
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-5, err_msg=name)
     for a, b in zip(jax.tree_util.tree_leaves(got_params), jax.tree_util.tree_leaves(want_params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    # step 0 outside the loop: the same prompts and episodes, the loss under each aggregation
+    prompt_key, sample_key, _ = jax.random.split(jax.random.fold_in(key, 0), 3)
+    rows = jax.random.choice(prompt_key, domain.train.size, (cfg.prompts_per_step,),
+                             replace=cfg.prompts_per_step > domain.train.size)
+    chosen = jax.tree_util.tree_map(lambda x: jnp.repeat(x, cfg.group_size, axis=0), domain.train.take(rows))
+    rollout = rollout_lib.device_rollout(domain, graphdef, cfg)
+    episode, batch = jax.jit(rollout.fn, static_argnums=3)(params, chosen, sample_key, False)
+    prims = domain.primitive_values(episode, dict(chosen.context))
+    scored = rewards_and_advantages(program, prims, 0.0, cfg.group_size, cfg.grpo.normalize_std,
+                                    jnp.sum(batch["mask"], axis=-1), max_new_tokens=cfg.max_new_tokens,
+                                    taken=jnp.any(batch["mask"], axis=-1))
+    logprobs = functools.partial(rollout.logprobs, group_size=rollout.prefill_group)
+    _, out = jax.jit(functools.partial(losses_and_grads, logprobs))(params, dict(batch, advantages=scored.advantages))
+    losses = {agg: float(out[agg][0][0]) for agg in LOSS_AGGS}
+    assert float(want["loss"][0]) == pytest.approx(losses["episode_mean"], rel=1e-4, abs=1e-6)
     for other in ("token_mean", "seq_mean_token_mean"):   # each turn row as its own episode: different weights
-        _, metrics = train(other)
-        assert abs(float(metrics["loss"][0]) - float(want["loss"][0])) > 1e-6, other
+        assert abs(losses[other] - losses["episode_mean"]) > 1e-6, other
 
 
 def test_grpo_with_the_whole_history_raises_the_success_rate():
