@@ -182,14 +182,15 @@ def runs(tmp_path_factory):
     with open(wrapper, "w", encoding="utf-8") as handle:
         handle.write(AUDIT_WRAPPER)
     single_dir, multi_dir, audit_log = str(root / "single"), str(root / "multi"), str(root / "audit.jsonl")
-    single = subprocess.Popen(  # runs alongside the first two two-process launches
+    # the one-process run first: the launches after it start from the programs it compiled
+    single = subprocess.run(
         [sys.executable, *RUN_ARGS, f"--workdir={single_dir}"], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, env=_env(XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {_compile_flags()}"))
+        stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S,
+        env=_env(XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {_compile_flags()}"))
+    assert single.returncode == 0, single.stdout[-3000:]
     chain = [_two_processes(wrapper, multi_dir, audit_log, kill=(1, WARM_START_WRITTEN))]
     assert not os.path.exists(os.path.join(multi_dir, FIRST_CHECKPOINT)), "the first launch passed its first checkpoint"
     chain.append(_two_processes(wrapper, multi_dir, audit_log, kill=(0, FIRST_CHECKPOINT)))
-    output, _ = single.communicate(timeout=TIMEOUT_S)
-    assert single.returncode == 0, output[-3000:]
     chain.append(_two_processes(wrapper, multi_dir, audit_log))
     return {"single_dir": single_dir, "multi_dir": multi_dir, "audit_log": audit_log, "chain": chain}
 
