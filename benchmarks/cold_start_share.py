@@ -1,0 +1,239 @@
+"""The cold start of a pretrained policy in the agent prompt: the share of its greedy answers on
+held-out games that are well-formed and name an admissible action, before and after.
+
+    python benchmarks/cold_start_share.py --seeds 0 1 2 --out benchmarks/results/cold_start_share.json
+
+The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary written by
+`transformers` (as `tests/test_cold_start.py::write_checkpoint` writes it, with --layers,
+--hidden, --heads, --kv-heads) and loaded as a run loads a checkpoint (`models.hf`). The cold
+start is `rl.sft`'s on the domain's corpus (`Domain.corpus`: the perturbed expert's turns in the
+agent prompt) with the training games' last --num-val rows held out of it as validation games;
+the test games (the domain's test split) never reach it. It trains exactly as `train_sft` does
+(the same optimizer, schedule and batches, in one scan per --eval-every steps) so that the shares
+can be read along the run: at every checkpoint the greedy shares over every turn of the
+validation and the test episodes (`answer_shares`, the slow test's measure). The reported
+"after" share is the final checkpoint's; `selected` is the test share of the checkpoint with
+the best validation share (chosen on validation games only). Rows per (seed, checkpoint); the
+summary gives mean and per-seed figures. A model/SFT seed makes the checkpoint's weights, the
+corpus's detours and the batch order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import report  # noqa: E402
+
+QWEN_VOCAB = 151936
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def household_domain(args):
+    from derl_jax.domains.household.domain import make_household_domain
+    from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
+
+    block = ml_collections.ConfigDict({
+        "kind": "household", "level": args.level, "seed": 0, "num_train": args.num_train + args.num_val,
+        "num_test": args.num_test, "held_out_kinds": (4, 5), "max_turns": args.max_turns, "history": "window",
+        "window": args.window, "answer_length": 48, "obs_length": 96, "admissible_length": 192})
+    return make_household_domain(block, bundled_qwen_tokenizer_dir())
+
+
+def write_checkpoint(path: str, args, seed: int) -> str:
+    """A tiny random Qwen2 over Qwen's vocabulary, saved by transformers (the test's helper, sized by args)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=args.hidden,
+                                      intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
+                                      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                                      max_position_embeddings=2048, tie_word_embeddings=True)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def answer_shares(domain, split, params, graphdef, record: list | None = None) -> dict[str, float]:
+    """Greedy shares of well-formed answers and of well-formed answers naming an admissible action
+    over every turn of `split`'s episodes (tests/test_cold_start.py::answer_shares, any split);
+    with `record`, each answer's action and whether it was admissible are appended to it."""
+    from derl_jax.domains import agent_prompt as AP
+    from derl_jax.rl import rollout as R
+    from derl_jax.rl.config import InnerConfig
+    from derl_jax.rl.grpo import GRPOConfig
+
+    cfg = InnerConfig(steps=1, prompts_per_step=1, group_size=1, max_new_tokens=domain.max_new_tokens,
+                      temperature=1.0, eval_batch_size=split.size, grpo=GRPOConfig(learning_rate=1e-3),
+                      kl_metric=False)
+    domain.env.counts = AP.AnswerCounts()
+    if record is not None:
+        add = domain.env.counts.add
+
+        def recording(answer, admissible):
+            record.append([answer.action, bool(answer.well_formed and admissible and answer.action in admissible)])
+            add(answer, admissible)
+
+        domain.env.counts.add = recording
+    run = jax.jit(R.device_rollout(domain, graphdef, cfg).fn, static_argnums=3)
+    jax.block_until_ready(run(params, split, jax.random.key(1), True))
+    return domain.env.counts.shares()
+
+
+def segment_fn(graphdef, cfg, data):
+    """A jitted run of `count` steps of `sft.train_sft` from step `start` (same optimizer, schedule
+    and batch draws), so a run cut into segments ends where one scan of `cfg.steps` would."""
+    from derl_jax.rl import sft
+
+    optimizer = sft.sft_optimizer(cfg)
+    replace = cfg.batch_size > data.size
+    grad_fn = jax.value_and_grad(lambda p, batch: sft.completion_nll(graphdef, p, batch))
+    key = jax.random.key(cfg.seed + 1)
+
+    def run(params, opt_state, start, count):
+        def step(carry, index):
+            params, opt_state = carry
+            rows = jax.random.choice(jax.random.fold_in(key, index), data.size, (cfg.batch_size,), replace=replace)
+            loss, grads = grad_fn(params, jax.tree_util.tree_map(lambda x: x[rows], data))
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), start + jnp.arange(count))
+        return params, opt_state, losses
+
+    return jax.jit(run, static_argnums=3), optimizer
+
+
+def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict]:
+    """One seed's rows: the shares before the cold start and at each checkpoint (module docstring)."""
+    from derl_jax.models import hf
+    from derl_jax.rl import sft
+
+    start_cpu, start_wall = cpu_seconds(), time.perf_counter()
+    path = write_checkpoint(os.path.join(workdir, f"ckpt_{seed}"), args, seed)
+    _, graphdef, params = hf.load_hf_model(path, "float32", compute_dtype="float32")
+    policy = ml_collections.ConfigDict({"sft_steps": args.steps, "sft_lr": args.lr, "sft_batch_size": args.batch,
+                                        "sft_perturb_rate": args.perturb})
+    cfg = dataclasses.replace(sft.sft_config_from(policy, seed), final_lr_fraction=args.final_lr_fraction)
+    holdout = list(range(args.num_train, args.num_train + args.num_val))
+    corpus = sft.domain_corpus(domain, seed, holdout, policy)
+    data = sft.trim_padding(sft.encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length),
+                                              int(domain.max_new_tokens)))
+    run, optimizer = segment_fn(graphdef, cfg, data)
+    opt_state = optimizer.init(params)
+
+    def shares(step: int, losses) -> dict:
+        row = {"seed": seed, "step": step, "corpus_turns": data.size,
+               "loss": float(np.mean(losses)) if losses is not None else None}
+        for name, split in (("validation", validation), ("test", domain.test)):
+            if split is None:
+                continue
+            record = [] if name == "test" and step == args.steps and args.show else None
+            got = answer_shares(domain, split, params, graphdef, record)
+            if record is not None:
+                row["test_answers"] = record[: args.show]
+            row[f"{name}_well_formed"], row[f"{name}_admissible"] = got["well_formed"], got["admissible"]
+        return row
+
+    rows = [shares(0, None)]
+    every = args.eval_every or args.steps
+    done = 0
+    while done < args.steps:
+        count = min(every, args.steps - done)
+        params, opt_state, losses = run(params, opt_state, done, count)
+        done += count
+        rows.append(shares(done, np.asarray(losses)))
+        print(json.dumps({**rows[-1], "elapsed_s": round(time.perf_counter() - start_wall, 1)}), flush=True)
+    for row in rows:
+        row["cpu_s"] = round(cpu_seconds() - start_cpu, 1)
+        row["wall_s"] = round(time.perf_counter() - start_wall, 1)
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--domain", default="household", choices=["household"])
+    parser.add_argument("--level", default="L0")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--num-train", type=int, default=40, help="training games the corpus is played on")
+    parser.add_argument("--num-val", type=int, default=8, help="training games held out as validation games")
+    parser.add_argument("--num-test", type=int, default=16)
+    parser.add_argument("--max-turns", type=int, default=6)
+    parser.add_argument("--window", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--perturb", type=float, default=0.1)
+    parser.add_argument("--final-lr-fraction", type=float, default=0.1)
+    parser.add_argument("--eval-every", type=int, default=0, help="measure every this many steps (0: at the end)")
+    parser.add_argument("--show", type=int, default=24, help="test answers (action, admissible) kept per seed at the end")
+    parser.add_argument("--out", default=None, help="also write the result JSON here")
+    args = parser.parse_args(argv)
+
+    start_cpu = cpu_seconds()
+    domain = household_domain(args)
+    validation = domain.train.take(np.arange(args.num_train, args.num_train + args.num_val)) if args.num_val else None
+    with tempfile.TemporaryDirectory() as workdir:
+        rows = [row for seed in args.seeds for row in measure_seed(domain, validation, args, seed, workdir)]
+    summary = {}
+    finals = [r for r in rows if r["step"] == args.steps]
+    befores = [r for r in rows if r["step"] == 0]
+    for name in ("test_well_formed", "test_admissible", "validation_admissible"):
+        if name in finals[0]:
+            summary[f"before / {name} mean"] = round(statistics.mean(r[name] for r in befores), 4)
+            summary[f"after / {name} mean"] = round(statistics.mean(r[name] for r in finals), 4)
+            summary[f"after / {name} per seed"] = [round(r[name], 4) for r in finals]
+    late = [r for r in rows if r["step"] >= args.steps // 2]
+    summary["test_admissible min over checkpoints in the second half"] = round(min(r["test_admissible"] for r in late), 4)
+    if validation is not None:
+        selected = []
+        for seed in args.seeds:
+            mine = [r for r in rows if r["seed"] == seed and r["step"] > 0]
+            best = max(mine, key=lambda r: (r["validation_admissible"], r["step"]))
+            selected.append(best)
+        summary["selected on validation / step per seed"] = [r["step"] for r in selected]
+        summary["selected on validation / test_admissible per seed"] = [round(r["test_admissible"], 4) for r in selected]
+        summary["selected on validation / test_admissible mean"] = round(
+            statistics.mean(r["test_admissible"] for r in selected), 4)
+    summary["cpu_s"] = round(cpu_seconds() - start_cpu, 1)
+    config = {"command": "python benchmarks/cold_start_share.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "git_commit": git_commit(), **{k: v for k, v in vars(args).items() if k != "out"}}
+    columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c != "test_answers"]
+    return report("cold_start_share", rows, config=config, summary=summary, columns=columns, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
