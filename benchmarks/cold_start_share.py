@@ -8,9 +8,9 @@ The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary writte
 --hidden, --heads, --kv-heads) and loaded as a run loads a checkpoint (`models.hf`). The cold
 start is `rl.sft`'s on the domain's corpus (`Domain.corpus`: the perturbed expert's turns in the
 agent prompt) with the training games' last --num-val rows held out of it as validation games;
-the test games (the domain's test split) never reach it. It trains exactly as `train_sft` does
-(the same optimizer, schedule and batches, in one scan per --eval-every steps) so that the shares
-can be read along the run: at every checkpoint the greedy shares over every turn of the
+the test games (the domain's test split) never reach it. It trains as `train_sft` does
+(`sft.sft_step`: the same optimizer, schedule and batches, in one scan per --eval-every
+steps) so that the shares can be read along the run: at every checkpoint the greedy shares over every turn of the
 validation and the test episodes (`answer_shares`, the slow test's measure). The reported
 "after" share is the final checkpoint's; `selected` is the test share of the checkpoint with
 the best validation share (chosen on validation games only). Rows per (seed, checkpoint); the
@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -115,18 +114,9 @@ def segment_fn(graphdef, cfg, data):
     from derl_jax.rl import sft
 
     optimizer = sft.sft_optimizer(cfg)
-    replace = cfg.batch_size > data.size
-    grad_fn = jax.value_and_grad(lambda p, batch: sft.completion_nll(graphdef, p, batch))
-    key = jax.random.key(cfg.seed + 1)
+    step = sft.sft_step(graphdef, data, jax.random.key(cfg.seed + 1), cfg, optimizer)
 
     def run(params, opt_state, start, count):
-        def step(carry, index):
-            params, opt_state = carry
-            rows = jax.random.choice(jax.random.fold_in(key, index), data.size, (cfg.batch_size,), replace=replace)
-            loss, grads = grad_fn(params, jax.tree_util.tree_map(lambda x: x[rows], data))
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
-
         (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), start + jnp.arange(count))
         return params, opt_state, losses
 

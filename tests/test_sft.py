@@ -316,3 +316,20 @@ def test_a_stored_file_for_another_shape_is_rejected(tmp_path):
     sft.save_policy(path, params, jnp.zeros(2))
     with pytest.raises(ValueError, match="the model needs float32\\[21, 48\\]"):
         sft.load_policy(path, model_cfg.replace(hidden_size=48, head_dim=24))
+
+
+def test_the_share_benchmark_cut_into_segments_trains_as_one_scan():
+    """benchmarks/cold_start_share.py measures between segments of `sft.sft_step`; the segments
+    end where `train_sft`'s one scan does, up to float rounding (two compiled programs)."""
+    from benchmarks.cold_start_share import segment_fn
+
+    tiny = tiny_policy()
+    cfg = sft.sft_config_from({**TINY_POLICY, "sft_steps": 6}, seed=3)
+    want, want_losses = sft.train_sft(tiny.graphdef, tiny.initial_params, tiny.data, cfg)
+    run, optimizer = segment_fn(tiny.graphdef, cfg, tiny.data)
+    params, opt_state = tiny.initial_params, optimizer.init(tiny.initial_params)
+    params, opt_state, first = run(params, opt_state, 0, 4)
+    params, _, second = run(params, opt_state, 4, 2)
+    np.testing.assert_allclose(np.concatenate([first, second]), want_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-5)

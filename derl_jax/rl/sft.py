@@ -283,9 +283,10 @@ def sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=cfg.weight_decay))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cfg"))
-def _sft_scan(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, key: jax.Array, cfg: SFTConfig):
-    optimizer = sft_optimizer(cfg)
+def sft_step(graphdef: nnx.GraphDef, data: SFTData, key: jax.Array, cfg: SFTConfig,
+             optimizer: optax.GradientTransformation):
+    """The scan body of `train_sft`: ((params, opt_state), step index) -> ((params, opt_state),
+    loss of the step's batch before its update); step s draws its rows with `fold_in(key, s)`."""
     replace = cfg.batch_size > data.size
     grad_fn = jax.value_and_grad(lambda p, batch: completion_nll(graphdef, p, batch))
 
@@ -296,6 +297,13 @@ def _sft_scan(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, key: jax
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss
 
+    return step
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg"))
+def _sft_scan(graphdef: nnx.GraphDef, params: nnx.State, data: SFTData, key: jax.Array, cfg: SFTConfig):
+    optimizer = sft_optimizer(cfg)
+    step = sft_step(graphdef, data, key, cfg, optimizer)
     (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), jnp.arange(cfg.steps))
     return params, losses
 
