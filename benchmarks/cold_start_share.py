@@ -4,8 +4,8 @@ held-out games that are well-formed and name an admissible action, before and af
     python benchmarks/cold_start_share.py --seeds 0 1 2 --out benchmarks/results/cold_start_share.json
 
 The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary written by
-`transformers` (as `tests/test_cold_start.py::write_checkpoint` writes it, with --layers,
---hidden, --heads, --kv-heads) and loaded as a run loads a checkpoint (`models.hf`). The cold
+`transformers` (`write_checkpoint`, sized by --layers, --hidden, --heads, --kv-heads; the
+checkpoint tests/test_cold_start.py writes) and loaded as a run loads a checkpoint (`models.hf`). The cold
 start is `rl.sft`'s on the domain's corpus (`Domain.corpus`: the perturbed expert's turns in the
 agent prompt) with the training games' last --num-val rows held out of it as validation games;
 the test games (the domain's test split) never reach it. It trains as `train_sft` does
@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import report  # noqa: E402
+from derl_jax.experiment.runtime import commit_of  # noqa: E402
 
 QWEN_VOCAB = 151936
 
@@ -47,14 +47,6 @@ def cpu_seconds() -> float:
     """User + system CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def household_domain(args):
@@ -68,23 +60,23 @@ def household_domain(args):
     return make_household_domain(block, bundled_qwen_tokenizer_dir())
 
 
-def write_checkpoint(path: str, args, seed: int) -> str:
-    """A tiny random Qwen2 over Qwen's vocabulary, saved by transformers (the test's helper, sized by args)."""
+def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_heads: int, seed: int) -> str:
+    """A tiny random Qwen2 over Qwen's vocabulary, saved by transformers -> its directory."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=args.hidden,
-                                      intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
-                                      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                                      max_position_embeddings=2048, tie_word_embeddings=True)
+    config = transformers.Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=kv_heads, max_position_embeddings=2048,
+                                      tie_word_embeddings=True)
     transformers.Qwen2ForCausalLM(config).save_pretrained(path)
     return path
 
 
 def answer_shares(domain, split, params, graphdef, record: list | None = None) -> dict[str, float]:
     """Greedy shares of well-formed answers and of well-formed answers naming an admissible action
-    over every turn of `split`'s episodes (tests/test_cold_start.py::answer_shares, any split);
+    over every turn of `split`'s episodes (also the measure of tests/test_cold_start.py);
     with `record`, each answer's action and whether it was admissible are appended to it."""
     from derl_jax.domains import agent_prompt as AP
     from derl_jax.rl import rollout as R
@@ -129,7 +121,8 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
     from derl_jax.rl import sft
 
     start_cpu, start_wall = cpu_seconds(), time.perf_counter()
-    path = write_checkpoint(os.path.join(workdir, f"ckpt_{seed}"), args, seed)
+    path = write_checkpoint(os.path.join(workdir, f"ckpt_{seed}"), hidden=args.hidden, layers=args.layers,
+                            heads=args.heads, kv_heads=args.kv_heads, seed=seed)
     _, graphdef, params = hf.load_hf_model(path, "float32", compute_dtype="float32")
     policy = ml_collections.ConfigDict({"sft_steps": args.steps, "sft_lr": args.lr, "sft_batch_size": args.batch,
                                         "sft_perturb_rate": args.perturb})
@@ -220,7 +213,7 @@ def main(argv=None) -> dict:
             statistics.mean(r["test_admissible"] for r in selected), 4)
     summary["cpu_s"] = round(cpu_seconds() - start_cpu, 1)
     config = {"command": "python benchmarks/cold_start_share.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "git_commit": git_commit(), **{k: v for k, v in vars(args).items() if k != "out"}}
+              "git_commit": commit_of(__file__), **{k: v for k, v in vars(args).items() if k != "out"}}
     columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c != "test_answers"]
     return report("cold_start_share", rows, config=config, summary=summary, columns=columns, out=args.out)
 

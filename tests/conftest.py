@@ -29,26 +29,29 @@ import chex
 import pytest
 
 chex.set_n_cpu_devices(8)
+ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                                        "--xla_cpu_use_fusion_emitters=false"]).strip()
+                                        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+                                        ELEMENTAL_EMITTERS]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_OWN_COMPILE_CACHE = None
-if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    _OWN_COMPILE_CACHE = tempfile.mkdtemp(prefix="derl_jax_test_xla_cache_")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_COMPILE_CACHE
+def _session_dir(variable: str, prefix: str) -> str | None:
+    """Makes the session's directory in `variable` unless a parent process already has -> the
+    directory this process made (it removes it at the end), or None."""
+    if os.environ.get(variable):
+        return None
+    os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+    return os.environ[variable]
+
+
+_OWN_COMPILE_CACHE = _session_dir("JAX_COMPILATION_CACHE_DIR", "derl_jax_test_xla_cache_")
+if _OWN_COMPILE_CACHE is not None:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-
-
-_OWN_SHARED_DIR = None
-if not os.environ.get("DERL_TEST_SHARED_DIR"):
-    _OWN_SHARED_DIR = tempfile.mkdtemp(prefix="derl_jax_test_shared_")
-    os.environ["DERL_TEST_SHARED_DIR"] = _OWN_SHARED_DIR
+_OWN_SHARED_DIR = _session_dir("DERL_TEST_SHARED_DIR", "derl_jax_test_shared_")
 
 
 def shared_build_dir(name: str) -> str:

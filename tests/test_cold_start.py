@@ -15,11 +15,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from benchmarks import cold_start_share
 from derl_jax.domains import agent_prompt as AP
 from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
-
-QWEN_VOCAB = 151936
-
 
 def household_block(**changes) -> ml_collections.ConfigDict:
     block = {"kind": "household", "level": "L0", "seed": 0, "num_train": 12, "num_test": 4, "held_out_kinds": (4, 5),
@@ -57,15 +55,7 @@ def test_household_corpus_is_the_expert_in_the_agent_prompt(household):
 
 def write_checkpoint(path, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
     """A tiny random Qwen2 over Qwen's vocabulary, saved by transformers."""
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-                                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-                                      max_position_embeddings=2048, tie_word_embeddings=True)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(str(path))
-    return str(path)
+    return cold_start_share.write_checkpoint(str(path), hidden=hidden, layers=layers, heads=2, kv_heads=1, seed=seed)
 
 
 def checkpoint_run(module, preset: str, checkpoint: str, tmp_path, **domain):
@@ -108,22 +98,6 @@ def test_household_self_guide_in_words_end_to_end_with_a_checkpoint(checkpoint, 
     assert (np.abs(g_sg) <= 3 * 0.1 + 1e-6).all()
 
 
-def answer_shares(domain, params, graphdef) -> dict[str, float]:
-    """Shares of well-formed answers and of well-formed answers naming an admissible action, greedy,
-    over every turn of the test split's episodes."""
-    from derl_jax.rl import rollout as R
-    from derl_jax.rl.config import InnerConfig
-    from derl_jax.rl.grpo import GRPOConfig
-
-    cfg = InnerConfig(steps=1, prompts_per_step=1, group_size=1, max_new_tokens=domain.max_new_tokens,
-                      temperature=1.0, eval_batch_size=domain.test.size, grpo=GRPOConfig(learning_rate=1e-3),
-                      kl_metric=False)
-    domain.env.counts = AP.AnswerCounts()
-    run = jax.jit(R.device_rollout(domain, graphdef, cfg).fn, static_argnums=3)
-    jax.block_until_ready(run(params, domain.test, jax.random.key(1), True))
-    return domain.env.counts.shares()
-
-
 @pytest.mark.slow
 def test_cold_start_teaches_the_answer_format_on_held_out_household_tasks(tmp_path):
     """Before the cold start a random policy writes no well-formed answer; after 100 steps of it
@@ -141,10 +115,11 @@ def test_cold_start_teaches_the_answer_format_on_held_out_household_tasks(tmp_pa
     model = tiny_config(domain.tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=16, max_position=domain.prompt_length + domain.max_new_tokens)
     graphdef, params = init_params(model, jax.random.key(0))
-    before = answer_shares(domain, params, graphdef)
+    before = cold_start_share.answer_shares(domain, domain.test, params, graphdef)
     policy = ml_collections.ConfigDict({"sft_steps": 100, "sft_lr": 3e-3, "sft_batch_size": 16,
                                         "sft_perturb_rate": 0.1})
-    after = answer_shares(domain, sft.cold_start(domain, graphdef, params, policy, str(tmp_path), seed=0), graphdef)
+    after = cold_start_share.answer_shares(domain, domain.test, sft.cold_start(domain, graphdef, params, policy,
+                                                                             str(tmp_path), seed=0), graphdef)
     print(f"answer shares before the cold start {before}, after {after}")
     assert before["well_formed"] <= 0.05 and before["admissible"] <= 0.05
     assert after["well_formed"] >= 0.9 and after["admissible"] >= 0.1

@@ -31,7 +31,7 @@ from derl_jax.rl import rollout as rollout_lib
 from derl_jax.rl.config import InnerConfig
 from derl_jax.rl.device_evaluator import DeviceEvaluator
 from derl_jax.rl.grpo import GRPOConfig, grpo_loss
-from derl_jax.rl.loop import make_inner_loop, rewards_and_advantages
+from derl_jax.rl.loop import make_inner_loop, rewards_and_advantages, step_draws
 from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 
@@ -560,9 +560,7 @@ def test_one_weight_per_episode_with_a_window_over_a_data_axis_equals_one_device
     for a, b in zip(jax.tree_util.tree_leaves(got_params), jax.tree_util.tree_leaves(want_params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
     # step 0 outside the loop: the same prompts and episodes, the loss under each aggregation
-    prompt_key, sample_key, _ = jax.random.split(jax.random.fold_in(key, 0), 3)
-    rows = jax.random.choice(prompt_key, domain.train.size, (cfg.prompts_per_step,),
-                             replace=cfg.prompts_per_step > domain.train.size)
+    rows, sample_key, _ = step_draws(key, jnp.asarray(0), domain.train.size, cfg.prompts_per_step)
     chosen = jax.tree_util.tree_map(lambda x: jnp.repeat(x, cfg.group_size, axis=0), domain.train.take(rows))
     rollout = rollout_lib.device_rollout(domain, graphdef, cfg)
     episode, batch = jax.jit(rollout.fn, static_argnums=3)(params, chosen, sample_key, False)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import primitives.symbols as prims
+from conftest import ELEMENTAL_EMITTERS
 from derl_jax.config import InputError
 from derl_jax.domains import symbols
 from derl_jax.experiment import compare
@@ -156,7 +157,7 @@ def test_reference_rewards_stay_where_the_table_put_them(reference_workdir, expr
     expected = table["per_seed"][expression][table["seeds"].index(0)]
     # the table's XLA:CPU emitters: with the elemental ones the session's other tests compile with
     # (tests/conftest.py), seed 0's warm start rounds differently and `g2` tests at 0.465
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "fusion_emitters" not in f)
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != ELEMENTAL_EMITTERS)
     subprocess.run([sys.executable, os.path.join(REPO_ROOT, "launch", "run.py"), "--config=configs/symbols.py",
                     "--mode=final", f"--expression={expression}", "--config.seed=0", f"--workdir={tmp_path}",
                     "--noprogress", *SMALL], check=True, cwd=REPO_ROOT, env=dict(os.environ, XLA_FLAGS=flags))

@@ -105,6 +105,15 @@ class StepRewards(NamedTuple):
     stats: dict
 
 
+def step_draws(key: jax.Array, index: jax.Array, num_examples: int, sampled: int
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Inner step `index`'s draws from the run's key -> (prompt rows i32[sampled] of the
+    `num_examples` dataset rows, the rollout's key, the update's key)."""
+    prompt_key, sample_key, update_key = jax.random.split(jax.random.fold_in(key, index), 3)
+    rows = jax.random.choice(prompt_key, num_examples, (sampled,), replace=sampled > num_examples)
+    return rows, sample_key, update_key
+
+
 def rewards_and_advantages(program: Program, prims: jax.Array, u: jax.Array, group_size: int, normalize_std: bool,
                            lengths: jax.Array | None = None, *, max_new_tokens: int = 0, overlong_buffer: int = 0,
                            oversample: int = 1, taken: jax.Array | None = None) -> StepRewards:
@@ -224,10 +233,8 @@ def make_inner_loop(domain: Domain, graphdef: nnx.GraphDef, cfg: InnerConfig,
 
         def step(carry, index):
             params, opt_state, scratch = carry
-            prompt_key, sample_key, update_key = jax.random.split(jax.random.fold_in(key, index), 3)
-            # every device draws all the prompt rows and keeps its own (no transfer between devices)
-            rows = everywhere(jax.random.choice(prompt_key, num_examples, (sampled,),
-                                                replace=sampled > num_examples))
+            rows, sample_key, update_key = step_draws(key, index, num_examples, sampled)
+            rows = everywhere(rows)   # every device draws all the prompt rows and keeps its own
             chosen = _repeat_rows(dataset.take(rows), group)
             context = jax.tree_util.tree_map(over_data, dict(chosen.context))
             episode, update_batch = rollout.fn(params, chosen, sample_key, False,
