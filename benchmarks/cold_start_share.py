@@ -60,13 +60,15 @@ def household_domain(args):
     return make_household_domain(block, bundled_qwen_tokenizer_dir())
 
 
-def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_heads: int, seed: int) -> str:
-    """A tiny random Qwen2 over Qwen's vocabulary, saved by transformers -> its directory."""
+def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_heads: int, seed: int,
+                     vocab_size: int = QWEN_VOCAB) -> str:
+    """A tiny random Qwen2 over `vocab_size` tokens (Qwen's vocabulary unless told), saved by
+    transformers -> its directory."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+    config = transformers.Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                                       num_hidden_layers=layers, num_attention_heads=heads,
                                       num_key_value_heads=kv_heads, max_position_embeddings=2048,
                                       tie_word_embeddings=True)

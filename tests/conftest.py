@@ -91,3 +91,15 @@ def pytest_collection_modifyitems(config, items):
         by_module.setdefault(item.module.__name__ if item.module else "", []).append(item)
     ordered = sorted(by_module, key=lambda module: not has_slow(module))
     items[:] = [item for module in ordered for item in by_module[module]]
+
+
+def compact_tokenizer_dir() -> str:
+    """The session's compact tokenizer (tests/compact_tokenizer.py), trained by the first process
+    that asks for it."""
+    import compact_tokenizer
+
+    path = shared_build_dir("compact_tokenizer")
+    with session_lock("compact_tokenizer"):
+        if not os.path.exists(os.path.join(path, "tokenizer.json")):
+            compact_tokenizer.write_compact_tokenizer(path, compact_tokenizer.household_turn_texts())
+    return path

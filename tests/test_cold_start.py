@@ -1,6 +1,11 @@
 """A pretrained policy in the agent domains: the cold-start corpus in the agent prompt, the cold
 start itself, and whole runs with tiny checkpoints written by `transformers` (random Qwen2
-weights over the Qwen2.5 tokenizer's vocabulary).
+weights).
+
+The corpus test reads the household through the Qwen2.5 tokenizer; the cold start and the
+checkpoint runs use the session's compact byte-level tokenizer (tests/compact_tokenizer.py:
+the same chat markers and template, ~700 tokens instead of 151,936), whose small embedding and
+logits leave the tiny policies' time to the code under test.
 
 The measured shares of well-formed answers naming an admissible action on held-out games
 (slow tests) are reported in docs/domains/household.md.
@@ -16,8 +21,9 @@ import numpy as np
 import pytest
 
 from benchmarks import cold_start_share
+from conftest import compact_tokenizer_dir
 from derl_jax.domains import agent_prompt as AP
-from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
+from derl_jax.models.hf_tokenizer import HFTokenizer, bundled_qwen_tokenizer_dir
 
 def household_block(**changes) -> ml_collections.ConfigDict:
     block = {"kind": "household", "level": "L0", "seed": 0, "num_train": 12, "num_test": 4, "held_out_kinds": (4, 5),
@@ -54,8 +60,10 @@ def test_household_corpus_is_the_expert_in_the_agent_prompt(household):
 
 
 def write_checkpoint(path, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
-    """A tiny random Qwen2 over Qwen's vocabulary, saved by transformers."""
-    return cold_start_share.write_checkpoint(str(path), hidden=hidden, layers=layers, heads=2, kv_heads=1, seed=seed)
+    """A tiny random Qwen2 over the compact tokenizer's vocabulary, saved by transformers."""
+    vocab = HFTokenizer.from_directory(compact_tokenizer_dir()).vocab_size
+    return cold_start_share.write_checkpoint(str(path), hidden=hidden, layers=layers, heads=2, kv_heads=1, seed=seed,
+                                             vocab_size=vocab)
 
 
 def checkpoint_run(module, preset: str, checkpoint: str, tmp_path, **domain):
@@ -65,7 +73,7 @@ def checkpoint_run(module, preset: str, checkpoint: str, tmp_path, **domain):
 
     cfg = module.get_config(preset)
     cfg.domain.update(domain)
-    cfg.policy.update(checkpoint=checkpoint, tokenizer=bundled_qwen_tokenizer_dir(), sft_steps=3, sft_lr=1e-3,
+    cfg.policy.update(checkpoint=checkpoint, tokenizer=compact_tokenizer_dir(), sft_steps=3, sft_lr=1e-3,
                       sft_batch_size=4, param_dtype="float32", compute_dtype="float32")
     cfg.final.steps = 2
     run(cfg, str(tmp_path / "run"), "final", "g1+0.5*g2", progress=False)
@@ -101,7 +109,7 @@ def test_household_self_guide_in_words_end_to_end_with_a_checkpoint(checkpoint, 
 @pytest.mark.slow
 def test_cold_start_teaches_the_answer_format_on_held_out_household_tasks(tmp_path):
     """Before the cold start a random policy writes no well-formed answer; after 100 steps of it
-    (a 2-layer, 64-wide policy over Qwen's vocabulary) every answer on held-out tasks is
+    (a 2-layer, 64-wide policy over the compact tokenizer) every answer on held-out tasks is
     well-formed, and some name an admissible action (measured: 16 of 96 turns, the first turn of
     each episode; the policy repeats its first action afterwards, which a longer cold start or
     a larger policy would have to fix)."""
@@ -111,7 +119,7 @@ def test_cold_start_teaches_the_answer_format_on_held_out_household_tasks(tmp_pa
 
     domain = make_household_domain(household_block(num_train=40, num_test=16, max_turns=6, answer_length=48,
                                                     obs_length=96, admissible_length=192),
-                                   bundled_qwen_tokenizer_dir())
+                                   compact_tokenizer_dir())
     model = tiny_config(domain.tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=16, max_position=domain.prompt_length + domain.max_new_tokens)
     graphdef, params = init_params(model, jax.random.key(0))
