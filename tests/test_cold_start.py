@@ -2,10 +2,11 @@
 start itself, and whole runs with tiny checkpoints written by `transformers` (random Qwen2
 weights).
 
-The corpus test reads the household through the Qwen2.5 tokenizer; the cold start and the
-checkpoint runs use the session's compact byte-level tokenizer (tests/compact_tokenizer.py:
-the same chat markers and template, ~700 tokens instead of 151,936), whose small embedding and
-logits leave the tiny policies' time to the code under test.
+The corpus test and the ALFWorld and ScienceWorld runs read through the Qwen2.5 tokenizer
+(checkpoints over its 151,936 tokens); the household cold start and Self-Guide run use the
+session's compact byte-level tokenizer (tests/compact_tokenizer.py: the same chat markers and
+template, ~700 tokens), whose small embedding and logits leave the tiny policies' time to the
+code under test.
 
 The measured shares of well-formed answers naming an admissible action on held-out games
 (slow tests) are reported in docs/domains/household.md.
@@ -59,21 +60,21 @@ def test_household_corpus_is_the_expert_in_the_agent_prompt(household):
     assert {"plan", "explore"} <= kinds and len(corpus) >= 10 * 2
 
 
-def write_checkpoint(path, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
-    """A tiny random Qwen2 over the compact tokenizer's vocabulary, saved by transformers."""
-    vocab = HFTokenizer.from_directory(compact_tokenizer_dir()).vocab_size
+def write_checkpoint(path, tokenizer: str, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
+    """A tiny random Qwen2 over `tokenizer`'s vocabulary, saved by transformers."""
+    vocab = HFTokenizer.from_directory(tokenizer).vocab_size
     return cold_start_share.write_checkpoint(str(path), hidden=hidden, layers=layers, heads=2, kv_heads=1, seed=seed,
                                              vocab_size=vocab)
 
 
-def checkpoint_run(module, preset: str, checkpoint: str, tmp_path, **domain):
-    """The preset's final mode with the checkpoint, the agent prompt and a short cold start ->
-    (final result, domain.json)."""
+def checkpoint_run(module, preset: str, checkpoint: tuple[str, str], tmp_path, **domain):
+    """The preset's final mode with the (checkpoint, tokenizer) directories, the agent prompt and a
+    short cold start -> (final result, domain.json)."""
     from derl_jax.experiment.run import run
 
     cfg = module.get_config(preset)
     cfg.domain.update(domain)
-    cfg.policy.update(checkpoint=checkpoint, tokenizer=compact_tokenizer_dir(), sft_steps=3, sft_lr=1e-3,
+    cfg.policy.update(checkpoint=checkpoint[0], tokenizer=checkpoint[1], sft_steps=3, sft_lr=1e-3,
                       sft_batch_size=4, param_dtype="float32", compute_dtype="float32")
     cfg.final.steps = 2
     run(cfg, str(tmp_path / "run"), "final", "g1+0.5*g2", progress=False)
@@ -88,18 +89,27 @@ def checkpoint_run(module, preset: str, checkpoint: str, tmp_path, **domain):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """One tiny checkpoint for every end-to-end run of this module (each run only reads it)."""
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt"))
+    """(checkpoint, tokenizer): a tiny checkpoint over Qwen2.5's tokenizer for the engine runs
+    (each run only reads it)."""
+    tokenizer = bundled_qwen_tokenizer_dir()
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt"), tokenizer), tokenizer
+
+
+@pytest.fixture(scope="module")
+def compact_checkpoint(tmp_path_factory):
+    """(checkpoint, tokenizer): a tiny checkpoint over the compact tokenizer."""
+    tokenizer = compact_tokenizer_dir()
+    return write_checkpoint(tmp_path_factory.mktemp("compact_ckpt"), tokenizer), tokenizer
 
 
 @pytest.mark.slow
-def test_household_self_guide_in_words_end_to_end_with_a_checkpoint(checkpoint, tmp_path):
+def test_household_self_guide_in_words_end_to_end_with_a_checkpoint(compact_checkpoint, tmp_path):
     """The household's final mode with a checkpoint, the agent prompt, its cold start (cached in
     the run's base_policy/) and self-assessments in words; the plain agent answer's run is
     the ALFWorld and ScienceWorld runs below."""
     from configs import household
 
-    result, _ = checkpoint_run(household, "sg_smoke", checkpoint, tmp_path, num_train=10, num_test=4, max_turns=3,
+    result, _ = checkpoint_run(household, "sg_smoke", compact_checkpoint, tmp_path, num_train=10, num_test=4, max_turns=3,
                                window=1, answer_length=64, obs_length=64, admissible_length=160)
     assert list((tmp_path / "run" / "base_policy").glob("cold_start_*.npz"))
     g_sg = np.asarray(result["curves"]["primitive/g_sg"])

@@ -3,12 +3,11 @@ rows, the checks at its entry points, and the bounded cost of `canonical`."""
 
 from __future__ import annotations
 
-import time
-
 import chex
 import jax
 import numpy as np
 import pytest
+import sympy
 from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +29,7 @@ from derl_jax.expr import (
     stack_programs,
     to_text,
 )
-from derl_jax.expr.canonical import FALLBACK_PREFIX, MAX_EXPANDED_ATOMS, canonical, expanded_size, fallback_key
+from derl_jax.expr.canonical import FALLBACK_PREFIX, MAX_EXPANDED_ATOMS, canonical, expanded_size, fallback_key, to_key_sympy
 from derl_jax.expr import vm
 from derl_jax.expr.vm import SMALLEST_NORMAL, evaluate_batch_threaded, settle
 from expr_strategies import commuted, exprs
@@ -220,9 +219,7 @@ def test_canonical_of_a_slow_legal_expression_is_bounded():
     assert node_count(tree) == 78 and check(tree, 4).ok
     assert expanded_size(tree) > MAX_EXPANDED_ATOMS
     canonical.cache_clear()
-    start = time.process_time()
-    key = canonical(tree)
-    assert time.process_time() - start < 0.5
+    key = canonical(tree)   # the size bound decides before SymPy runs (its CPU time: benchmarks/bench_canonical.py)
     assert key == fallback_key(tree) and key.startswith(FALLBACK_PREFIX)
     # the fallback still gives reordered operands one key, as canonical promises
     assert canonical(commuted(tree)) == key
@@ -252,8 +249,14 @@ def test_expanded_size_decides_before_sympy_runs(text, expanded):
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(exprs(4, max_leaves=24, nice_only=True))
-def test_canonical_stays_fast_on_random_expressions(tree):
+def test_the_size_estimate_bounds_what_sympy_expands(tree):
+    """SymPy's cost grows with the size of its expansion, so the estimate that decides whether it
+    runs must not undercount: on random rewards under the bound, the expanded key has at most 3
+    nodes per estimated atom (at most 2.25 measured over 1,000 of them; the CPU time it buys:
+    benchmarks/bench_canonical.py); over the bound the key is the tree's own ordering."""
     canonical.cache_clear()
-    start = time.process_time()
-    canonical(tree)
-    assert time.process_time() - start < 1.0, to_text(tree)
+    key, size = canonical(tree), expanded_size(tree)
+    assert key.startswith(FALLBACK_PREFIX) == (size > MAX_EXPANDED_ATOMS), to_text(tree)
+    if size <= MAX_EXPANDED_ATOMS:
+        expanded = sympy.expand(to_key_sympy(tree))
+        assert sum(1 for _ in sympy.preorder_traversal(expanded)) <= 3 * max(size, 8), to_text(tree)

@@ -122,6 +122,17 @@ def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
     assert 0.8 < tagged < 1.0                                          # random word strings are mixed in
 
 
+def test_a_small_corpus_is_the_first_episodes_of_a_large_one(tasks):
+    """5 tasks are played in a batch of 16, 1,024 in one of 1,024: the same turns for the 5."""
+    assert [C.play_rows(n) for n in (1, 5, 16, 17, 1024, 1025)] == [16, 16, 16, 32, 1024, 2048]
+    large = C.sft_corpus(tasks, seed=1, perturb_rate=0.25, env=ENV)
+    small = C.sft_corpus(tasks.take(np.arange(5)), seed=1, perturb_rate=0.25, env=ENV)
+    assert len(small) > 5 * 3
+    for (prompt, action), (want_prompt, want_action) in zip(small, large[:len(small)], strict=True):
+        np.testing.assert_array_equal(prompt, want_prompt)
+        np.testing.assert_array_equal(action, want_action)
+
+
 def test_sft_corpus_checks_its_rate(tasks):
     with pytest.raises(ValueError, match="perturb_rate"):
         C.sft_corpus(tasks, seed=0, perturb_rate=1.5)

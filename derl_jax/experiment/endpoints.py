@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from derl_jax.experiment import stats
 from derl_jax.experiment.claims import slope
@@ -49,7 +48,7 @@ def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> dict:
     if first.shape != second.shape:
         raise ValueError(f"mcnemar_exact: {first.shape} and {second.shape} outcomes are not paired")
     b, c = int(np.sum(first & ~second)), int(np.sum(~first & second))
-    p = 1.0 if b + c == 0 else float(scipy_stats.binomtest(b, b + c, 0.5).pvalue)
+    p = 1.0 if b + c == 0 else float(stats.scipy_stats().binomtest(b, b + c, 0.5).pvalue)
     return {"first_only": b, "second_only": c, "p_value": p}
 
 

@@ -32,12 +32,19 @@ import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 CONFIDENCE = 0.95
 ALPHA = 1.0 - CONFIDENCE
 BOOTSTRAP_REPS = 2000
 BOOTSTRAP_SEED = 0
+
+
+def scipy_stats():
+    """`scipy.stats`, imported on first use (it costs half a second, which a launch that stops on
+    a bad flag should not pay)."""
+    from scipy import stats
+
+    return stats
 
 
 def student_t_quantile(p: float, df: float) -> float:
@@ -46,7 +53,7 @@ def student_t_quantile(p: float, df: float) -> float:
         raise ValueError(f"student_t_quantile: p must be in (0, 1), got {p}")
     if df <= 0:
         raise ValueError(f"student_t_quantile: df must be > 0, got {df}")
-    return float(scipy_stats.t.ppf(p, df))
+    return float(scipy_stats().t.ppf(p, df))
 
 
 # --------------------------------------------------------------------------- over seeds
@@ -131,7 +138,7 @@ def t_test(values: Sequence[float]) -> dict:
     elif np.allclose(values, mean, rtol=1e-12, atol=1e-12):   # no spread (up to rounding)
         p = 0.0 if mean != 0.0 else 1.0
     else:
-        p = float(scipy_stats.ttest_1samp(values, 0.0).pvalue)
+        p = float(scipy_stats().ttest_1samp(values, 0.0).pvalue)
     low, high = summary["ci95_low"], summary["ci95_high"]
     return {"difference": mean, "ci95_low": low, "ci95_high": high, "p_value": p, "seeds": n,
             "separated": bool(n > 1 and (low > 0.0 or high < 0.0))}
@@ -241,7 +248,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray, *, reps: int = BOOTSTRAP_REP
 
 def interquartile_mean(scores: np.ndarray) -> float:
     """Mean of the middle half of all scores (25% trimmed from each end, `scipy.stats.trim_mean`)."""
-    return float(scipy_stats.trim_mean(np.asarray(scores, np.float64).reshape(-1), 0.25))
+    return float(scipy_stats().trim_mean(np.asarray(scores, np.float64).reshape(-1), 0.25))
 
 
 def interval_estimates(scores: np.ndarray, *, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> dict:
@@ -307,4 +314,4 @@ def p_from_interval(mean: float, low: float, high: float, n: int) -> float:
     if half <= 0.0:
         return 0.0 if mean != 0.0 else 1.0
     se = half / student_t_quantile(0.5 + CONFIDENCE / 2.0, n - 1)
-    return float(2.0 * scipy_stats.t.sf(abs(mean) / se, n - 1))
+    return float(2.0 * scipy_stats().t.sf(abs(mean) / se, n - 1))

@@ -253,7 +253,7 @@ def _plain_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name)
 
 
-def _key_sympy(expr: Expr) -> sympy.Expr:
+def to_key_sympy(expr: Expr) -> sympy.Expr:
     """SymPy form for keys: rounded rational constants, plain symbols, and min/max/abs/clip as
     opaque functions of expanded arguments (min/max arguments sorted, abs(-x) -> abs(x)).
 
@@ -264,7 +264,7 @@ def _key_sympy(expr: Expr) -> sympy.Expr:
 
 
 def _key_call(node: Call, args: list) -> sympy.Expr:
-    """min/max/abs/clip as opaque functions of expanded arguments (see `_key_sympy`)."""
+    """min/max/abs/clip as opaque functions of expanded arguments (see `to_key_sympy`)."""
     args = [sympy.expand(a) for a in args]
     if node.fn in ("min", "max"):
         args.sort(key=sympy.default_sort_key)
@@ -279,7 +279,7 @@ def canonical(expr: Expr) -> str:
     if expanded_size(expr) > MAX_EXPANDED_ATOMS:
         return fallback_key(expr)
     try:
-        return str(sympy.expand(_key_sympy(expr)))
+        return str(sympy.expand(to_key_sympy(expr)))
     except Exception:  # noqa: BLE001 - SymPy failures must not break the search
         return fallback_key(expr)
 

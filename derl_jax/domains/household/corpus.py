@@ -29,7 +29,8 @@ from derl_jax.domains.household.selfguide import with_assessment
 from derl_jax.domains.household.tasks import Task, to_device
 
 DEFAULT_WINDOW = 2
-PLAY_BUCKET = 1024  # episodes per compiled batch of `sft_corpus`
+PLAY_BUCKET = 1024   # the largest batch of episodes one compiled `play` of `sft_corpus` serves
+SMALLEST_PLAY = 16
 
 
 def episode_prompts(description: jax.Array, obs: jax.Array, actions: jax.Array, window: int,
@@ -67,6 +68,17 @@ def play(tasks: Task, key: jax.Array, perturb_rate: jax.Array, env: HouseholdEnv
     return prompts, prompt_mask, truncate_at_eos(episodes["actions"]), episodes
 
 
+def play_rows(count: int) -> int:
+    """Episodes `sft_corpus` plays for `count` tasks (the rest repeat the last task): the next
+    power of two from SMALLEST_PLAY up to PLAY_BUCKET, then the next multiple of PLAY_BUCKET, so
+    a few compiled sizes serve every corpus. The first `count` episodes do not depend on it:
+    `jax.random.split`'s keys are the same prefix whatever their number (threefry partitionable,
+    JAX's default), and every episode is played by itself under vmap."""
+    if count > PLAY_BUCKET:
+        return -(-count // PLAY_BUCKET) * PLAY_BUCKET
+    return max(SMALLEST_PLAY, 1 << max(count - 1, 0).bit_length())
+
+
 def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv | None = None,
                window: int | str = DEFAULT_WINDOW, length: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(prompt i32[p], action i32[a]) per turn taken, episodes in task order, turns in order; p <=
@@ -77,8 +89,7 @@ def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv
     env = env or HouseholdEnv()
     full = window == FULL_HISTORY
     count = tasks.size
-    padded = -(-count // PLAY_BUCKET) * PLAY_BUCKET     # one compiled `play` serves every corpus size up to it
-    rows = np.minimum(np.arange(padded), count - 1)
+    rows = np.minimum(np.arange(play_rows(count)), count - 1)
     prompts, prompt_mask, actions, episodes = jax.device_get(
         play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env,
              int(env.max_turns) if full else int(window), None if full or length is None else int(length)))
