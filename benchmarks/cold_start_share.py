@@ -3,9 +3,9 @@ held-out games that are well-formed and name an admissible action, before and af
 
     python benchmarks/cold_start_share.py --seeds 0 1 2 --out benchmarks/results/cold_start_share.json
 
-The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary written by
-`transformers` (`write_checkpoint`, sized by --layers, --hidden, --heads, --kv-heads; the
-checkpoint tests/test_cold_start.py writes) and loaded as a run loads a checkpoint (`models.hf`). The cold
+The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary (or over --tokenizer's,
+a directory such as the compact one of tests/compact_tokenizer.py) written by `transformers`
+(`write_checkpoint`, sized by --layers, --hidden, --heads, --kv-heads) and loaded as a run loads a checkpoint (`models.hf`). The cold
 start is `rl.sft`'s on the domain's corpus (`Domain.corpus`: the perturbed expert's turns in the
 agent prompt) with the training games' last --num-val rows held out of it as validation games;
 the test games (the domain's test split) never reach it. It trains as `train_sft` does
@@ -57,7 +57,7 @@ def household_domain(args):
         "kind": "household", "level": args.level, "seed": 0, "num_train": args.num_train + args.num_val,
         "num_test": args.num_test, "held_out_kinds": (4, 5), "max_turns": args.max_turns, "history": "window",
         "window": args.window, "answer_length": 48, "obs_length": 96, "admissible_length": 192})
-    return make_household_domain(block, bundled_qwen_tokenizer_dir())
+    return make_household_domain(block, args.tokenizer or bundled_qwen_tokenizer_dir())
 
 
 def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_heads: int, seed: int,
@@ -124,7 +124,8 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
 
     start_cpu, start_wall = cpu_seconds(), time.perf_counter()
     path = write_checkpoint(os.path.join(workdir, f"ckpt_{seed}"), hidden=args.hidden, layers=args.layers,
-                            heads=args.heads, kv_heads=args.kv_heads, seed=seed)
+                            heads=args.heads, kv_heads=args.kv_heads, seed=seed,
+                            vocab_size=domain.tokenizer.vocab_size if args.tokenizer else QWEN_VOCAB)
     _, graphdef, params = hf.load_hf_model(path, "float32", compute_dtype="float32")
     policy = ml_collections.ConfigDict({"sft_steps": args.steps, "sft_lr": args.lr, "sft_batch_size": args.batch,
                                         "sft_perturb_rate": args.perturb})
@@ -174,6 +175,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--num-test", type=int, default=16)
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--window", type=int, default=1)
+    parser.add_argument("--tokenizer", default="", help="tokenizer directory (default: the bundled Qwen2.5 one)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
