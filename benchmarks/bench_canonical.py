@@ -6,7 +6,7 @@
 Rows: random valid rewards of 3..25 nodes over g1..g4 and u (`bench_expr.random_valid_exprs`,
 shaped like Meta-Optimizer outputs), split by whether the size estimate sends them to SymPy
 (`expanded_size <= MAX_EXPANDED_ATOMS`) or to the tree's own ordering; and the 78-node legal
-reward whose SymPy expansion has tens of thousands of terms (tests/test_expr_edges.py `SLOW`),
+reward whose SymPy expansion has tens of thousands of terms (`SLOW`, also read by tests/test_expr_edges.py),
 which the estimate sends to the ordering. Each call starts from an empty cache; the time is
 `time.process_time` (this process's CPU), after one call that imports and warms SymPy.
 """
@@ -23,6 +23,8 @@ from benchmarks.common import report
 from derl_jax.expr.canonical import MAX_EXPANDED_ATOMS, canonical, expanded_size
 from derl_jax.expr.parse import parse
 
+# A legal 78-node reward (it passes `check`): fractional powers of sums of products, which
+# SymPy expands into tens of thousands of terms (about 3 s without the size bound).
 SLOW = ("((g1+g2+g3+g4+u+1)*(g1*g2+g3*g4+u+2)/(g1+g2*g3+g4*u+3))**1.5*(g1+g2+g3+u+1)**0.5/(g2+g4+1)"
         " + min(g1, g2)*max(g3, u) - abs(g4 - 0.5)*clip(g1 + g2, 0, 1) + abs(g3)")
 

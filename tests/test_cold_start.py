@@ -60,11 +60,10 @@ def test_household_corpus_is_the_expert_in_the_agent_prompt(household):
     assert {"plan", "explore"} <= kinds and len(corpus) >= 10 * 2
 
 
-def write_checkpoint(path, tokenizer: str, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
-    """A tiny random Qwen2 over `tokenizer`'s vocabulary, saved by transformers."""
-    vocab = HFTokenizer.from_directory(tokenizer).vocab_size
+def write_checkpoint(path, vocab_size: int, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
+    """A tiny random Qwen2 over `vocab_size` tokens, saved by transformers."""
     return cold_start_share.write_checkpoint(str(path), hidden=hidden, layers=layers, heads=2, kv_heads=1, seed=seed,
-                                             vocab_size=vocab)
+                                             vocab_size=vocab_size)
 
 
 def checkpoint_run(module, preset: str, checkpoint: tuple[str, str], tmp_path, **domain):
@@ -89,17 +88,17 @@ def checkpoint_run(module, preset: str, checkpoint: tuple[str, str], tmp_path, *
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """(checkpoint, tokenizer): a tiny checkpoint over Qwen2.5's tokenizer for the engine runs
-    (each run only reads it)."""
-    tokenizer = bundled_qwen_tokenizer_dir()
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt"), tokenizer), tokenizer
+    """(checkpoint, tokenizer): a tiny checkpoint over Qwen2.5's padded 151,936-token vocabulary
+    for the engine runs (each run only reads it)."""
+    return (write_checkpoint(tmp_path_factory.mktemp("ckpt"), cold_start_share.QWEN_VOCAB),
+            bundled_qwen_tokenizer_dir())
 
 
 @pytest.fixture(scope="module")
 def compact_checkpoint(tmp_path_factory):
     """(checkpoint, tokenizer): a tiny checkpoint over the compact tokenizer."""
     tokenizer = compact_tokenizer_dir()
-    return write_checkpoint(tmp_path_factory.mktemp("compact_ckpt"), tokenizer), tokenizer
+    return write_checkpoint(tmp_path_factory.mktemp("compact_ckpt"), HFTokenizer.from_directory(tokenizer).vocab_size), tokenizer
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from derl_jax.expr import (
 from derl_jax.expr.canonical import FALLBACK_PREFIX, MAX_EXPANDED_ATOMS, canonical, expanded_size, fallback_key, to_key_sympy
 from derl_jax.expr import vm
 from derl_jax.expr.vm import SMALLEST_NORMAL, evaluate_batch_threaded, settle
+from benchmarks.bench_canonical import SLOW
 from expr_strategies import commuted, exprs
 
 NAMES = ("g1", "g2", "g3", "g4")
@@ -208,13 +209,8 @@ def test_zero_rows_give_empty_results_everywhere():
 
 # ----------------------------------------------------------------------------- canonical cost
 
-# A legal 78-node reward (it passes `check`): fractional powers of sums of products, which
-# SymPy expands into tens of thousands of terms (about 3 s before the size bound).
-SLOW = ("((g1+g2+g3+g4+u+1)*(g1*g2+g3*g4+u+2)/(g1+g2*g3+g4*u+3))**1.5*(g1+g2+g3+u+1)**0.5/(g2+g4+1)"
-        " + min(g1, g2)*max(g3, u) - abs(g4 - 0.5)*clip(g1 + g2, 0, 1) + abs(g3)")
-
-
 def test_canonical_of_a_slow_legal_expression_is_bounded():
+    """`SLOW` (benchmarks/bench_canonical.py), a legal 78-node reward SymPy would expand for seconds."""
     tree = parse(SLOW, NAMES)
     assert node_count(tree) == 78 and check(tree, 4).ok
     assert expanded_size(tree) > MAX_EXPANDED_ATOMS

@@ -39,6 +39,11 @@ def mixed_run(tasks):
     return play(tasks, 1, 0.25)
 
 
+@pytest.fixture(scope="module")
+def mixed_corpus(tasks):
+    return C.sft_corpus(tasks, seed=1, perturb_rate=0.25, env=ENV)
+
+
 @pytest.mark.slow
 def test_expert_solves_every_task_with_correct_tags(tasks, expert_run):
     _, _, actions, episodes = expert_run
@@ -100,8 +105,8 @@ def test_vmapped_episodes_equal_step_by_step_episodes(tasks, mixed_run):
         assert int(state.turn) == episodes["step_mask"][index].sum()
 
 
-def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
-    corpus = C.sft_corpus(tasks, seed=1, perturb_rate=0.25, env=ENV)
+def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run, mixed_corpus):
+    corpus = mixed_corpus
     prompts, prompt_mask, actions, episodes = mixed_run
     mask = episodes["step_mask"]
     assert len(corpus) == int(mask.sum())
@@ -122,10 +127,10 @@ def test_sft_corpus_pairs_are_the_played_turns(tasks, mixed_run):
     assert 0.8 < tagged < 1.0                                          # random word strings are mixed in
 
 
-def test_a_small_corpus_is_the_first_episodes_of_a_large_one(tasks):
+def test_a_small_corpus_is_the_first_episodes_of_a_large_one(tasks, mixed_corpus):
     """5 tasks are played in a batch of 16, 1,024 in one of 1,024: the same turns for the 5."""
     assert [C.play_rows(n) for n in (1, 5, 16, 17, 1024, 1025)] == [16, 16, 16, 32, 1024, 2048]
-    large = C.sft_corpus(tasks, seed=1, perturb_rate=0.25, env=ENV)
+    large = mixed_corpus
     small = C.sft_corpus(tasks.take(np.arange(5)), seed=1, perturb_rate=0.25, env=ENV)
     assert len(small) > 5 * 3
     for (prompt, action), (want_prompt, want_action) in zip(small, large[:len(small)], strict=True):
