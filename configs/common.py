@@ -34,7 +34,7 @@ blocks plus these shared blocks at their defaults (the arithmetic domain's scale
   final.baseline_steps inner steps of the fixed-expression baselines' final policies (0: final.steps;
                        the agent presets give them 150 to DERL's 100, as the paper does)
   final.repeats        final trainings of the chosen reward with independent keys, tested and
-                       averaged beside the first key's test (0: 3 on arith and symbols, 1 elsewhere;
+                       averaged beside the first key's test (0: 3 on arith, symbols and symbols_compose, 1 elsewhere;
                        derl_jax/experiment/reevaluate.py)
   final.reevaluate_top_k  the k best distinct candidates trained again with a fresh key before the
                        choice, charged as k more candidates (0: off)

@@ -34,7 +34,7 @@ Presets (`--config=configs/household.py:<preset>`):
 Every field can be overridden from the command line, e.g. `--config.domain.max_turns=20`.
 
 Fields of this experiment (the shared blocks are documented in configs/common.py):
-  domain.*   kind, level ("L0" | "L1" | "L2"), seed (tasks and the seen/unseen type split),
+  domain.*   kind, level ("L0" | "L1" | "L2" | "L2-seen"), seed (tasks and the seen/unseen type split),
              num_train / num_test tasks, held_out_kinds (the two kinds L2 tests on; indices of
              pick, examine, clean, heat, cool, pick_two), max_turns per episode, history
              ("window": each turn's prompt holds the task and the last `window` turns, the task
@@ -57,7 +57,8 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              anneal_start, fractions of inner training (derl_jax/selfguide.py)
   policy.*   the policy model and its warm start on the perturbed expert's turns:
              sft_perturb_rate (share of random actions), sft_extra_tasks (fresh training tasks
-             played for the corpus besides the training split); checkpoint / tokenizer (a
+             played for the corpus besides the training split), sft_rename (each corpus episode
+             renames its entities within their strata); checkpoint / tokenizer (a
              pretrained policy: the agent prompt of derl_jax/domains/agent_prompt.py, with the
              domain's obs_length / admissible_length / answer_length, and sft_steps > 0 its cold
              start on the expert's turns in that prompt), prompt_style ("auto" | "agent" |
@@ -86,7 +87,7 @@ def default() -> ml_collections.ConfigDict:
               "held_out_kinds": (4, 5), "max_turns": 16, "history": "window", "window": 2, "prompt_budget": 128, "self_guide": False,
               "self_rewards": (0.1, 0.0, -0.1)}
     policy = {**common.SCRATCH_MODEL, "prompt_style": "auto", "sft_steps": 3000, "sft_lr": 3e-3, "sft_batch_size": 32,
-              "sft_perturb_rate": 0.1, "sft_extra_tasks": 480}
+              "sft_perturb_rate": 0.1, "sft_extra_tasks": 480, "sft_rename": False}
     cfg = common.base("household", domain, policy)
     cfg.meta.update(task_description=TASK, primitive_descriptions=common.AGENT_PRIMITIVE_DESCRIPTIONS)
     cfg.inner.update(steps=30, prompts_per_step=4, group_size=8, lr=3e-4, kl_metric=False)

@@ -4,8 +4,8 @@ The answer composes m aspects of the prompt string (reverse; then upper case; th
 terminator), each with one aligned dense primitive, next to D decoys
 (`derl_jax/domains/symbols_compose.py`, docs/domains/symbols.md). A reward is top-class when
 it uses every aligned primitive and no harmful decoy (`derl_jax/domains/symbols_classes.py`);
-the levels set (m, D) so that one random-search proposal is top-class with probability 0.081
-(easy), 0.042 (medium) and 0.006 (hard), as measured by benchmarks/symbols_rarity.py (the table
+the levels set (m, D) so that one random-search proposal is top-class with probability 0.11
+(easy), 0.020 (medium) and 0.003 (hard), as measured by benchmarks/symbols_rarity.py (the table
 in docs/domains/symbols.md). One candidate costs what a symbols candidate costs (the
 same model, inner run and completion length plus one token).
 
@@ -29,8 +29,8 @@ from configs import common
 from configs import symbols
 
 # (aspects m, decoys D) per level, chosen by the measured share of top-class random-search proposals
-# (2,000 each, benchmarks/results/symbols_rarity.json): easy 0.081, medium 0.042, hard 0.006
-LEVELS = {"easy": (2, 2), "medium": (2, 4), "hard": (3, 4)}
+# (2,000 each, benchmarks/results/symbols_rarity.json): easy 0.11, medium 0.020, hard 0.003
+LEVELS = {"easy": (2, 1), "medium": (2, 4), "hard": (3, 4)}
 # the base policy's sampled means over 512 inner-training prompts (derl_jax/rl/base_band.py): measured
 # on seeds 0-4 (benchmarks/symbols_compose_reference.py, 2026-12-04, docs/domains/symbols.md) easy/medium order
 # 0.452-0.472, case 0.363-0.380, exact 0.000; hard (2026-12-05, benchmarks/results/symbols_compose_reference_hard.json)

@@ -22,9 +22,13 @@ o is the output (tokens before the first EOS, n of them), nL its letter tokens (
   bag    sum over letters c of min(count_o(c), count_s(c)) / max(nL, L)              copy earns it
   length the output ended and nL == L                                               copy earns it
   echo   #{i < min(n, L): o[i] is the same letter as s[i]} / max(nL, L)              copy earns it
+  ended  the output ended (an EOS was generated)                                    copy earns it
+  letters nL / max(n, 1): the share of the output's tokens that are letters         copy earns it
+  start  o[0] is a letter of s (either case)                                        copy earns it
 
 `order`, `case` and `end` each measure one aspect whatever the others do; `echo` rewards the
-wrong transform (copying) and `marker` a wrong symbol.
+wrong transform (copying) and `marker` a wrong symbol; `bag`, `length`, `ended`, `letters` and
+`start` are neutral features (the answer and the copy earn them alike).
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ SEPARATOR, MARKER, TERMINATOR = "=", "#", "!"
 COMPOSE_ALPHABET = LOWER + UPPER + SEPARATOR + MARKER + TERMINATOR
 ASPECTS = ("reverse", "upper", "end")
 ASPECT_PRIMITIVES = ("order", "case", "end")        # one aligned dense primitive per aspect, same order
-DECOY_PRIMITIVES = ("marker", "echo", "bag", "length")   # added in this order as D grows
+# the decoys and neutral features, added in this order as D grows
+DECOY_PRIMITIVES = ("marker", "echo", "bag", "length", "ended", "letters", "start")
 
 
 def compose_tokenizer() -> CharTokenizer:
@@ -165,6 +170,31 @@ def length(rollout, context):
     """1 when the output ended with exactly L letters (either case), else 0."""
     _, _, _, ended, source_len, letter_count, _ = _span(rollout, context)
     return (ended & (letter_count == source_len)).astype(jnp.float32)
+
+
+@register_primitive("ended", kind="device", domain=DOMAIN)
+def ended(rollout, context):
+    """1 when the output ended (an EOS was generated), else 0."""
+    del context
+    return output_span(rollout, EOS_ID)[3].astype(jnp.float32)
+
+
+@register_primitive("letters", kind="device", domain=DOMAIN)
+def letters(rollout, context):
+    """The share of the output's tokens that are letters (either case): nL / max(n, 1)."""
+    _, _, output_len, _, _, letter_count, _ = _span(rollout, context)
+    return letter_count / jnp.maximum(output_len, 1).astype(jnp.float32)
+
+
+@register_primitive("start", kind="device", domain=DOMAIN)
+def start(rollout, context):
+    """1 when the output's first token is a letter (either case) that the string contains, else 0."""
+    tokens, _, output_len, _, source_len, _, _ = _span(rollout, context)
+    source = jnp.asarray(context["source"], jnp.int32)
+    source_valid = jnp.arange(source.shape[-1])[None, :] < source_len[:, None]
+    first = _letters(tokens[:, :1])   # [N, 1]
+    found = jnp.any(source_valid & (_letters(source) == first) & (first >= 0), axis=-1)
+    return (found & (output_len >= 1)).astype(jnp.float32)
 
 
 def compose_primitive_names(aspects: int, decoys: int) -> tuple[str, ...]:

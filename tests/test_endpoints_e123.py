@@ -119,6 +119,25 @@ def test_e3_slope_difference_paired_over_seeds():
     assert table.count("\n") == 5 and "E1" in table and "E3" in table and "3 vs 0 discordant seeds" in table
 
 
+def test_the_shuffled_feedback_control_is_compared_with_both():
+    results = {"derl": [_run("derl", s, "g2", 0.30 + 0.01 * s) for s in range(3)],
+               "random": [_run("random", s, "g3", 0.20) for s in range(3)],
+               "derl_shuffled": [_run("derl_shuffled", s, "g2" if s else "g5", 0.25) for s in range(3)]}
+    classify = fake_domain(classify_by_terms).reward_class
+    rows = endpoints.endpoint_rows(results, None, classify)
+    assert [r["measured_as"].split(",")[0] for r in rows[::3]] == ["derl − random", "derl_shuffled − random",
+                                                                    "derl − derl_shuffled"]
+    assert [r["endpoint"][:2] for r in rows] == ["E1", "E2", "E3"] * 3
+    assert rows[3]["share"] == pytest.approx(2 / 3) and rows[3]["baseline_share"] == 0.0   # g2 on seeds 1, 2
+    assert rows[6]["first_only"] == 1 and rows[6]["second_only"] == 0
+    assert rows[4]["difference"] == pytest.approx(0.05) and rows[7]["difference"] == pytest.approx(0.06)
+    assert len(endpoints.endpoint_rows({"derl": results["derl"], "random": results["random"]}, None, classify)) == 3
+    table = endpoints.endpoints_table(rows).splitlines()
+    assert table[0].endswith("| verdict | Holm verdict |") and len(table) == 2 + 9
+    assert all(line.count("|") == 8 for line in table)   # E3 (no histories): not measurable, in its place
+    assert "not measurable" in table[4] and table[4].startswith("| E3")
+
+
 class Recording(FakeMetaOptimizer):
     def update(self, state, sample, scores):
         self.seen = np.asarray(scores)

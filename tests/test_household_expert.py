@@ -138,6 +138,29 @@ def test_a_small_corpus_is_the_first_episodes_of_a_large_one(tasks, mixed_corpus
         np.testing.assert_array_equal(action, want_action)
 
 
+def test_a_renamed_corpus_renames_each_episode_consistently_within_strata(tasks):
+    count = 5
+    plain = C.sft_corpus(tasks.take(np.arange(count)), seed=1, perturb_rate=0.25, env=ENV)
+    renamed = C.sft_corpus(tasks.take(np.arange(count)), seed=1, perturb_rate=0.25, env=ENV, rename=True)
+    tables = C.renaming_tables(1, count)
+    stratum = {vocab.ID[n]: ("object", spec[0]) for n, spec in vocab.OBJECT_TYPES.items()}
+    stratum.update({vocab.ID[n]: ("receptacle", spec[0]) for n, spec in vocab.RECEPTACLE_TYPES.items()})
+    for table in tables:   # a permutation of the vocabulary that keeps strata, appliances and other words
+        assert sorted(table.tolist()) == list(range(vocab.SELF_GUIDE_VOCAB_SIZE))
+        moved = np.flatnonzero(table != np.arange(table.size))
+        assert all(stratum[int(w)] == stratum[int(table[w])] for w in moved)
+        assert not set(moved.tolist()) & {int(vocab.RECEPTACLE_WORD[a]) for a in vocab.APPLIANCES}
+    assert any((tables[0] != tables[1])[list(stratum)])
+    # turn by turn: the same corpus under its episode's table (episodes are told apart by their task prompt)
+    episode, first_words = -1, None
+    for (prompt, action), (want_prompt, want_action) in zip(renamed, plain, strict=True):
+        if first_words is None or not np.array_equal(want_prompt[:12], first_words):
+            episode, first_words = episode + 1, want_prompt[:12]
+        np.testing.assert_array_equal(prompt, tables[episode][want_prompt])
+        np.testing.assert_array_equal(action, tables[episode][want_action])
+    assert episode == count - 1
+
+
 def test_sft_corpus_checks_its_rate(tasks):
     with pytest.raises(ValueError, match="perturb_rate"):
         C.sft_corpus(tasks, seed=0, perturb_rate=1.5)

@@ -60,6 +60,9 @@ def test_repeats_default_by_domain_and_are_checked():
     other.final.repeats = 0
     other.domain.kind = "household"
     assert reevaluate.final_repeats(other) == 1
+    from configs import symbols_compose
+    for level in ("easy", "medium", "hard"):   # the composed testbeds average three keys too
+        assert reevaluate.final_repeats(symbols_compose.get_config(level)) == 3
 
 
 def test_the_final_test_is_averaged_over_independent_keys(tmp_path, domain):

@@ -21,7 +21,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_PATH = os.path.join(REPO_ROOT, "configs", "symbols_compose.py")
 TOK = prims.compose_tokenizer()
 T = 9
-ORDER = ("exact", "order", "case", "end", "marker", "echo", "bag", "length")
+ORDER = ("exact", "order", "case", "end", "marker", "echo", "bag", "length", "ended", "letters", "start")
 
 
 def load_config_module():
@@ -54,23 +54,26 @@ def test_answers_compose_the_aspects():
     assert symbols_compose.compose_answer("cabd", 3) == "DBAC!"
     assert prims.compose_primitive_names(2, 1) == ("exact", "order", "case", "marker")
     assert prims.compose_primitive_names(3, 4) == ("exact", "order", "case", "end", "marker", "echo", "bag", "length")
+    assert prims.compose_primitive_names(2, 7)[-3:] == ("ended", "letters", "start")
     with pytest.raises(ValueError, match="aspects"):
         prims.compose_primitive_names(4, 0)
 
 
 def test_primitives_on_hand_written_outputs():
     # s = cabd (L = 4), reversed dbac; the three-aspect answer is DBAC!
-    cases = [  # output, ended, (exact, order, case, end, marker, echo, bag, length) by hand
-        ("DBAC!", True, (1, 1, 1, 1, 0, 0, 1, 1)),            # the answer
-        ("dbac", True, (0, 1, 0, 0, 0, 0, 1, 1)),             # reversed only
-        ("DBAC", True, (0, 1, 1, 0, 0, 0, 1, 1)),             # reversed, upper, no `!`
-        ("cabd!", True, (0, 0, 0, 1, 0, 1, 1, 1)),            # a copy with `!`
-        ("dBa#", True, (0, 0.75, 0.25, 0, 1, 0, 0.75, 0)),    # 3 letters of 4 aligned, one upper, a decoy
-        ("dbacc", True, (0, 0.8, 0, 0, 0, 0, 0.8, 0)),        # one letter too many: 4 of max(5, 4)
-        ("DBA", True, (0, 0.75, 0.75, 0, 0, 0, 0.75, 0)),     # one letter short
-        ("CAbd", True, (0, 0, 0.5, 0, 0, 1, 1, 1)),           # a copy, half upper
-        ("DBAC!", False, (0, 0.5, 0.5, 0, 0, 0, 0.5, 0)),     # no EOS: DBAC!DBAC fills 9 tokens, 8 letters
-        ("", True, (0, 0, 0, 0, 0, 0, 0, 0)),
+    cases = [  # output, ended, (exact, order, case, end, marker, echo, bag, length, ended, letters, start) by hand
+        ("DBAC!", True, (1, 1, 1, 1, 0, 0, 1, 1, 1, 0.8, 1)),             # the answer
+        ("dbac", True, (0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1)),                # reversed only
+        ("DBAC", True, (0, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1)),                # reversed, upper, no `!`
+        ("cabd!", True, (0, 0, 0, 1, 0, 1, 1, 1, 1, 0.8, 1)),             # a copy with `!`
+        ("dBa#", True, (0, 0.75, 0.25, 0, 1, 0, 0.75, 0, 1, 0.75, 1)),    # 3 letters of 4 aligned, one upper, a decoy
+        ("dbacc", True, (0, 0.8, 0, 0, 0, 0, 0.8, 0, 1, 1, 1)),           # one letter too many: 4 of max(5, 4)
+        ("DBA", True, (0, 0.75, 0.75, 0, 0, 0, 0.75, 0, 1, 1, 1)),        # one letter short
+        ("CAbd", True, (0, 0, 0.5, 0, 0, 1, 1, 1, 1, 1, 1)),              # a copy, half upper
+        ("DBAC!", False, (0, 0.5, 0.5, 0, 0, 0, 0.5, 0, 0, 8 / 9, 1)),    # no EOS: DBAC!DBAC fills 9 tokens, 8 letters
+        ("", True, (0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)),
+        ("hbac", True, (0, 0.75, 0, 0, 0, 0, 0.75, 1, 1, 1, 0)),          # starts with a letter s lacks
+        ("#bac", True, (0, 0.75, 0, 0, 1, 0, 0.75, 0, 1, 0.75, 0)),       # starts with the decoy symbol
     ]
     rollout, context = rollouts([c[0] for c in cases], [c[1] for c in cases], "cabd", 3)
     got = np.stack([np.asarray(registry.get("symbols_compose", name).fn(rollout, context)) for name in ORDER], -1)
@@ -86,7 +89,10 @@ def test_exact_follows_the_number_of_aspects():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("g2+g3", "top"), ("g2*g3", "top"), ("max(g2, g3) - g4", "top"), ("g2 + 0.01*g3 + g6", "top"),
+    ("g2+g3", "top"), ("g2*g3", "top"), ("max(g2, g3) - g4", "top"), ("g2 + 0.5*g3 + g6", "top"),
+    ("g2+g3+0.01*g4", "top"),                     # a trifle of the decoy does not count
+    ("g2 + 0.01*g3 + g6", "partial"),             # nor a trifle of an aligned primitive
+    ("g3 + g1*g2", "partial"),                    # nor one gated by the outcome, which is about 0
     ("g2", "partial"), ("g3 - g2", "partial"), ("g2+g3+g4", "decoy"), ("g2+g3+g5", "decoy"),
     ("g1", "other"), ("g6 + g7", "other"), ("2.5", "other"), ("g2 +", "other"), ("g9", "other"),
 ])
@@ -133,7 +139,7 @@ def test_domain_splits_answers_and_classifier():
         assert domain.reward_class("g2+g3") == "top" and domain.reward_class("g4") == "decoy"
 
 
-@pytest.mark.parametrize("preset, aspects, decoys", [("easy", 2, 2), ("medium", 2, 4), ("hard", 3, 4)])
+@pytest.mark.parametrize("preset, aspects, decoys", [("easy", 2, 1), ("medium", 2, 4), ("hard", 3, 4)])
 def test_presets_validate(preset, aspects, decoys):
     cfg = load_config_module().get_config(preset)
     validate_config(cfg)
@@ -142,7 +148,7 @@ def test_presets_validate(preset, aspects, decoys):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("domain.aspects", 4, "config.domain.aspects"), ("domain.decoys", 5, "config.domain.decoys"),
+    ("domain.aspects", 4, "config.domain.aspects"), ("domain.decoys", 8, "config.domain.decoys"),
     ("domain.max_new_tokens", 7, "config.domain.max_new_tokens"), ("policy.sft_upper_rate", 1.5, "sft_upper_rate"),
 ])
 def test_config_errors_name_the_field(field, value, message):

@@ -7,8 +7,8 @@ of `primitives.symbols_compose.ASPECTS` to s, then EOS:
   m = 2  reverse, upper         `cabd=` -> `DBAC`
   m = 3  reverse, upper, end    `cabd=` -> `DBAC!`
 The primitives are g1 = exact (task success), one aligned dense primitive per aspect (order,
-case, end), then D decoys (`config.domain.decoys`: marker, echo, bag, length in that order),
-so a reward must cover every aspect to teach the whole answer: success multiplies over the
+case, end), then D decoys and neutral features (`config.domain.decoys`: marker, echo, bag,
+length, ended, letters, start in that order), so a reward must cover every aspect to teach the whole answer: success multiplies over the
 aspects, and the more primitives there are, the rarer a random expression that covers all the
 aligned ones and none of the decoys (`derl_jax.domains.symbols_classes`, measured by
 benchmarks/symbols_rarity.py).
@@ -21,7 +21,7 @@ its aspect is on); a `marked` completion has one position replaced by `#`. Every
 aspect of one position right.
 
 Config fields (`config.domain`): the symbols fields (seed, num_train, num_test, alphabet_size,
-min_len, max_len, max_new_tokens >= max_len + 2), aspects (1..3), decoys (0..4). Corpus options
+min_len, max_len, max_new_tokens >= max_len + 2), aspects (1..3), decoys (0..7). Corpus options
 (`config.policy`): sft_mix ({"mixed", "marked"} -> weight), sft_reverse_rate, sft_upper_rate,
 sft_end_rate, sft_extra_strings.
 """

@@ -1,6 +1,6 @@
 """Endpoints fixed before the runs: what a compare must show for DERL over random search.
 
-    rows = endpoint_rows(results, histories, reward_class)
+    rows = endpoint_rows(results, histories, reward_class)   # DERL − random, then the shuffled-feedback control
 
 * **E1** — the share of seeds whose chosen reward is top-class (`Domain.reward_class(text) ==
   "top"`), DERL against random search paired by seed, with an exact McNemar test: under the
@@ -29,6 +29,9 @@ from derl_jax.experiment.claims import slope
 from derl_jax.experiment.results import MethodResult
 
 TOP, PARTIAL = "top", "partial"
+# DERL against random search; then the control: DERL updated on shuffled validation scores (`derl_shuffled`)
+# must do no better than random search, and no better than DERL, if the feedback is what helps
+ENDPOINT_PAIRS = (("derl", "random"), ("derl_shuffled", "random"), ("derl", "derl_shuffled"))
 Classify = Callable[[str], "str | None"]
 Histories = Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]]
 
@@ -127,23 +130,31 @@ def e3_share_slope(histories: Histories | None, classify: Classify | None, metho
 
 
 def endpoint_rows(results: Mapping[str, Sequence[MethodResult]], histories: Histories | None = None,
-                  classify: Classify | None = None, method: str = "derl", baseline: str = "random") -> list[dict]:
-    """E1, E2, E3 of `method` against `baseline`; [] when either did not run."""
-    if method not in results or baseline not in results:
-        return []
-    return [e1_top_share(results, classify, method, baseline), e2_repeated_final(results, method, baseline),
-            e3_share_slope(histories, classify, method, baseline)]
+                  classify: Classify | None = None,
+                  pairs: Sequence[tuple[str, str]] = ENDPOINT_PAIRS) -> list[dict]:
+    """E1, E2, E3 of each (method, baseline) of `pairs` that both ran, in that order; [] when none did."""
+    rows = []
+    for method, baseline in pairs:
+        if method in results and baseline in results:
+            rows += [e1_top_share(results, classify, method, baseline), e2_repeated_final(results, method, baseline),
+                     e3_share_slope(histories, classify, method, baseline)]
+    return rows
 
 
 def endpoints_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown: endpoint, measured as, difference (points; E1: share of seeds), 95% interval, p, verdict."""
-    lines = ["| endpoint | measured as | difference | 95% CI | p | verdict |", "|---|---|---:|---|---:|---|"]
-    for row in rows:
+    """Markdown: endpoint, measured as, difference (points; E1: share of seeds), 95% interval, p,
+    verdict, and the verdict after Holm's adjustment over the table's measured rows."""
+    lines = ["| endpoint | measured as | difference | 95% CI | p | verdict | Holm verdict |",
+             "|---|---|---:|---|---:|---|---|"]
+    measured = [i for i, row in enumerate(rows) if row["verdict"] != stats.NOT_MEASURABLE]
+    adjusted = dict(zip(measured, stats.with_holm([rows[i] for i in measured])))
+    for i, row in enumerate(rows):
+        row = adjusted.get(i, row)
         if row["verdict"] == stats.NOT_MEASURABLE:
-            lines.append(f"| {row['endpoint']} | - | - | - | - | not measurable: {row['note']} |")
+            lines.append(f"| {row['endpoint']} | - | - | - | - | not measurable: {row['note']} | - |")
             continue
         interval = (f"[{100 * row['ci95_low']:+.2f}, {100 * row['ci95_high']:+.2f}]" if "ci95_low" in row
                     else f"{row['first_only']} vs {row['second_only']} discordant seeds")
         lines.append(f"| {row['endpoint']} | {row['measured_as']} | {100 * row['difference']:+.2f} | {interval} | "
-                     f"{row['p_value']:.3f} | {row['verdict']} |")
+                     f"{row['p_value']:.3f} | {row['verdict']} | {row['verdict_holm']} |")
     return "\n".join(lines) + "\n"

@@ -148,7 +148,7 @@ def render_compare(folder: str, link_prefix: str, title: str | None = None) -> l
         lines += ["The paper's claims on this compare (verdict: the 95% Student-t interval over seeds; Holm: "
                   "p-values adjusted over the claims):", "", claims.claims_table(claim_rows)]
     if payload.get("endpoints"):
-        lines += ["Endpoints fixed before the runs (DERL − random search):", "",
+        lines += ["Endpoints fixed before the runs (DERL − random search; the shuffled-feedback control against both):", "",
                   endpoints.endpoints_table(payload["endpoints"])]
     lines += protocol_lines(payload)
     rows = [f"| {m} | {s['n']} | {stats.format_summary(summary_percent(s, payload))} |"

@@ -4,7 +4,7 @@ re-evaluated top candidates, both charged so that budgets stay equal across meth
 * `final.repeats` (r): the chosen reward's final policy is trained r times with independent
   keys (`repeat_keys`: the first is the paper protocol's final key) and the test reported as
   their mean (`MethodResult.final_repeat_tests`). 0 = the domain's default: 3 on the testbeds
-  `arith` and `symbols` (ours: the smallest r that halves a single training's key-to-key
+  `arith`, `symbols` and `symbols_compose` (ours: the smallest r that halves a single training's key-to-key
   spread in the mean's standard error is 4; 3 keeps a compare within a CPU sitting), 1
   elsewhere. The headline `test` stays the first key's (the paper's protocol).
 * `final.reevaluate_top_k` (k, 0 = off): after the search, the k best distinct valid
@@ -28,7 +28,7 @@ import numpy as np
 
 from derl_jax.config import ConfigError, config_value, has_field
 
-TESTBED_REPEATS = {"arith": 3, "symbols": 3}
+TESTBED_REPEATS = {"arith": 3, "symbols": 3, "symbols_compose": 3}
 _REPEAT_STREAM, _REEVALUATE_STREAM = 1000, 2000
 
 

@@ -265,7 +265,7 @@ def _markdown(results, test_md: str, retrained_md: str, val_md: str, payload: Ma
                   "it excludes 0 the other way. The Holm verdict adjusts the p-values over this table's claims.", "",
                   claims.claims_table(payload["claims"])]
     if payload.get("endpoints"):
-        lines += ["## Endpoints fixed before the runs (DERL − random search)", "",
+        lines += ["## Endpoints fixed before the runs (DERL − random search; the shuffled-feedback control)", "",
                   endpoints.endpoints_table(payload["endpoints"])]
     lines += protocol_lines(payload)
     lines += [f"## Test accuracy (headline: {headline})", "", test_md]

@@ -79,11 +79,30 @@ def play_rows(count: int) -> int:
     return max(SMALLEST_PLAY, 1 << max(count - 1, 0).bit_length())
 
 
+def renaming_tables(seed: int, episodes: int) -> np.ndarray:
+    """i32[episodes, V]: per episode a word-id map that permutes the entity names within each
+    stratum (food, dishes, tools, small items, lamps; closed and open receptacles) and keeps
+    every other word, appliances included. Stratum by stratum the permuted names afford the
+    same actions, so a renamed episode is still a correct one; seen and unseen types mix."""
+    rng = np.random.default_rng([int(seed), 7])
+    groups = [[vocab.ID[n] for n, spec in vocab.OBJECT_TYPES.items() if spec[0] == stratum]
+              for stratum in sorted({spec[0] for spec in vocab.OBJECT_TYPES.values()})]
+    groups += [[vocab.ID[n] for n, spec in vocab.RECEPTACLE_TYPES.items() if spec[0] == stratum]
+               for stratum in ("closed", "open")]
+    tables = np.tile(np.arange(vocab.SELF_GUIDE_VOCAB_SIZE, dtype=np.int32), (episodes, 1))
+    for episode in range(episodes):
+        for ids in groups:
+            tables[episode, ids] = rng.permutation(ids)
+    return tables
+
+
 def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv | None = None,
-               window: int | str = DEFAULT_WINDOW, length: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+               window: int | str = DEFAULT_WINDOW, length: int | None = None,
+               rename: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     """(prompt i32[p], action i32[a]) per turn taken, episodes in task order, turns in order; p <=
     `length` when given (the rollout's prompt budget: a window is cut to it, a "full" history
-    turn beyond it is left out)."""
+    turn beyond it is left out). `rename`: every episode's prompts and actions rename its
+    entities consistently (`renaming_tables`), so names are read from the prompt, not memorised."""
     if not 0.0 <= perturb_rate <= 1.0:
         raise ValueError(f"household sft_corpus: perturb_rate must be in [0, 1], got {perturb_rate}")
     env = env or HouseholdEnv()
@@ -93,12 +112,16 @@ def sft_corpus(tasks: Task, seed: int, perturb_rate: float, *, env: HouseholdEnv
     prompts, prompt_mask, actions, episodes = jax.device_get(
         play(to_device(tasks.take(rows)), jax.random.PRNGKey(seed), jnp.float32(perturb_rate), env,
              int(env.max_turns) if full else int(window), None if full or length is None else int(length)))
+    tables = renaming_tables(seed, count) if rename else None
     corpus = []
     for episode in range(count):
         for turn in np.flatnonzero(episodes["step_mask"][episode]):
             if full and length is not None and prompt_mask[episode, turn].sum() > length:
                 break   # the rollout ends the episode before this turn
             action = actions[episode, turn]
-            corpus.append((prompts[episode, turn][prompt_mask[episode, turn]].astype(np.int32),
-                           action[action != vocab.PAD_ID].astype(np.int32)))
+            prompt, action = (prompts[episode, turn][prompt_mask[episode, turn]].astype(np.int32),
+                              action[action != vocab.PAD_ID].astype(np.int32))
+            if tables is not None:
+                prompt, action = tables[episode][prompt], tables[episode][action]
+            corpus.append((prompt, action))
     return corpus

@@ -1,7 +1,7 @@
 """The `household` domain: the JAX household environment as a multi-turn ("env") domain.
 
 Config block `domain` (configs/household.py):
-  kind="household"; level: "L0" | "L1" | "L2"; seed: task generation and seen/unseen split;
+  kind="household"; level: "L0" | "L1" | "L2" | "L2-seen"; seed: task generation and seen/unseen split;
   num_train, num_test: tasks per split; held_out_kinds: the two kinds L2 tests on (indices
   into tasks.KINDS); max_turns: turns per episode; history: what a turn's prompt holds besides
   the task, "window" (the last `window` turns, read after the task every turn) or "full" (every turn since
@@ -16,7 +16,8 @@ Config block `domain` (configs/household.py):
   the primitive g_sg.
 Policy block options read by the warm-start corpus: sft_perturb_rate (share of random
 actions mixed into the expert's turns, default 0.3), sft_extra_tasks (fresh training-type
-tasks played besides the training split, default 0).
+tasks played besides the training split, default 0), sft_rename (every episode renames its
+entities consistently within their strata, so names are copied from the prompt; default off).
 
 A split is a TokenDataset: prompts = <bos> + the task description + the observation at reset
 (the room's receptacles; left padded), context = the
@@ -203,7 +204,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
     tasks = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
     words = vocab.WordVocab(self_guide=domain.env.self_guide)
     pairs = household_corpus.sft_corpus(tasks, int(seed), rate, env=domain.env, window=domain.history,
-                                         length=domain.prompt_length)
+                                         length=domain.prompt_length, rename=bool(options.get("sft_rename", False)))
     return [(words.decode(prompt), words.decode(action)) for prompt, action in pairs]
 
 
@@ -236,6 +237,8 @@ def validate_household_config(cfg: Any) -> None:
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
     if "sft_extra_tasks" in policy:
         int_at_least(cfg, "policy.sft_extra_tasks", 0)
+    if not isinstance(policy.get("sft_rename", False), bool):
+        raise ConfigError(f"config.policy.sft_rename must be True or False, got {policy.get('sft_rename')!r}")
 
 
 @register_domain("household", primitive_names=lambda cfg: household_primitive_names(cfg.domain),

@@ -15,7 +15,8 @@ a seen task.
 Levels (`level_splits`): L0 trains on all six kinds (seen) and tests on new seen tasks; L1
 trains on all six (seen) and tests on unseen tasks; L2 trains on four kinds (seen) and tests on
 the other two (`held_out_kinds`, default cool & place and pick two & place) with unseen
-variants. Test tasks never repeat a training task.
+variants; L2-seen is L2 with seen variants, so it holds out the task kinds alone (every test
+entity type occurs in training tasks). Test tasks never repeat a training task.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ DISTRACTORS = 5         # objects besides the goal objects and the lamp: 2 .. th
 DESCRIPTION_LENGTH = 12
 HELD = -1      # obj_loc of the object in the agent's hand
 NOWHERE = -2   # obj_loc of a padding object slot
-LEVELS = ("L0", "L1", "L2")
+LEVELS = ("L0", "L1", "L2", "L2-seen")
 DEFAULT_HELD_OUT_KINDS = (COOL, PICK_TWO)
 _MAX_PER_RECEPTACLE = 4
 _MAX_SAME_TYPE = 3
@@ -227,8 +228,8 @@ def level_kinds(level: str, held_out_kinds=DEFAULT_HELD_OUT_KINDS) -> tuple[tupl
     if len(held_out) != 2 or len(set(held_out)) != 2 or any(k not in range(len(KINDS)) for k in held_out):
         raise ValueError(f"household held_out_kinds must be two different kinds in 0..5, got {held_out_kinds}")
     everything = tuple(range(len(KINDS)))
-    if level == "L2":
-        return tuple(k for k in everything if k not in held_out), held_out, True
+    if level in ("L2", "L2-seen"):
+        return tuple(k for k in everything if k not in held_out), held_out, level == "L2"
     return everything, everything, level == "L1"
 
 
