@@ -189,12 +189,11 @@ def letters(rollout, context):
 @register_primitive("start", kind="device", domain=DOMAIN)
 def start(rollout, context):
     """1 when the output's first token is a letter (either case) that the string contains, else 0."""
-    tokens, _, output_len, _, source_len, _, _ = _span(rollout, context)
+    tokens, _, _, _, source_len, _, _ = _span(rollout, context)
     source = jnp.asarray(context["source"], jnp.int32)
     source_valid = jnp.arange(source.shape[-1])[None, :] < source_len[:, None]
-    first = _letters(tokens[:, :1])   # [N, 1]
-    found = jnp.any(source_valid & (_letters(source) == first) & (first >= 0), axis=-1)
-    return (found & (output_len >= 1)).astype(jnp.float32)
+    first = _letters(tokens[:, :1])   # [N, 1]; an empty output's first token is EOS, not a letter
+    return jnp.any(source_valid & (_letters(source) == first) & (first >= 0), axis=-1).astype(jnp.float32)
 
 
 def compose_primitive_names(aspects: int, decoys: int) -> tuple[str, ...]:

@@ -456,3 +456,13 @@ def test_power_with_a_scalar_exponent_from_u_keeps_the_rules(u):
     np.testing.assert_allclose(got, want, rtol=3e-7, equal_nan=True)
     root = np.asarray(_jit_evaluate(compile_expr(Binary("**", Unary("neg", Prim(0, "g1")), Var("u"))), prims, 0.5))
     np.testing.assert_array_equal(np.isnan(root), g1 > 0)
+
+
+def test_numpy_vm_takes_one_progress_per_row():
+    expr = parse("g1*(1-u) + u*min(g2, 2*u)")
+    prims = np.random.default_rng(3).uniform(0, 1, size=(16, 2)).astype(np.float32)
+    progress = np.linspace(0, 1, 16, dtype=np.float32)
+    rows = [evaluate_numpy(expr, prims[i:i + 1], progress[i])[0] for i in range(16)]
+    np.testing.assert_array_equal(evaluate_numpy(expr, prims, progress), np.asarray(rows, np.float32))
+    with pytest.raises(ValueError, match="one value per row"):
+        evaluate_numpy(expr, prims, progress[:3])

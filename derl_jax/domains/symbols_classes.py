@@ -29,6 +29,7 @@ benchmarks/symbols_rarity.py checks the rule against trained candidates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import numpy as np
@@ -62,9 +63,8 @@ def used_primitives(text: str, names: Sequence[str]) -> tuple[str, ...] | None:
         up, down = points.copy(), points.copy()
         up[:, k] += STEP
         down[:, k] -= STEP
-        diff = np.array([evaluate_numpy(expr, up[i:i + 1], progress[i])[0] - evaluate_numpy(expr, down[i:i + 1], progress[i])[0]
-                         for i in range(PROBE_POINTS)], np.float64) if _depends_on_progress(expr) else \
-            evaluate_numpy(expr, up, 0.5).astype(np.float64) - evaluate_numpy(expr, down, 0.5).astype(np.float64)
+        diff = (evaluate_numpy(expr, up, progress).astype(np.float64)
+                - evaluate_numpy(expr, down, progress).astype(np.float64))
         if not np.all(np.isfinite(diff)):
             return None
         if np.mean(diff) > 1e-6 and np.mean(diff > 0) >= 0.5:
@@ -73,17 +73,15 @@ def used_primitives(text: str, names: Sequence[str]) -> tuple[str, ...] | None:
     return tuple(name for name, mean in raises.items() if mean >= WEIGHT_SHARE * largest)
 
 
-def _depends_on_progress(expr) -> bool:
-    """Whether `expr` reads the training progress u anywhere."""
-    from derl_jax.expr.program import compile_expr
-    from derl_jax.expr.vm import PUSH_U
-
-    program = compile_expr(expr)
-    return bool(np.any(np.asarray(program.ops)[: int(program.size)] == PUSH_U))
-
-
 def reward_class(names: Sequence[str], text: str) -> str:
-    """"top" | "partial" | "decoy" | "other" of reward `text` over primitives `names` (module docstring)."""
+    """"top" | "partial" | "decoy" | "other" of reward `text` over primitives `names` (module docstring).
+    Remembered per (names, text): a compare's endpoints classify each history's texts once per
+    pair of methods, and a search repeats texts."""
+    return _reward_class(tuple(names), str(text))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _reward_class(names: tuple[str, ...], text: str) -> str:
     used = used_primitives(text, names)
     if used is None:
         return "other"

@@ -509,7 +509,8 @@ def evaluate_batch_threaded(
 
 
 def evaluate_numpy(expr_or_program: Union[Expr, Program], prims, progress) -> np.ndarray:
-    """The same instructions and rules as `evaluate`, in float32 NumPy on the host -> f32[N]."""
+    """The same instructions and rules as `evaluate`, in float32 NumPy on the host -> f32[N].
+    `progress`: u, a scalar or one value per row (f32[N])."""
     if isinstance(expr_or_program, Program):
         program = expr_or_program
     else:
@@ -520,7 +521,9 @@ def evaluate_numpy(expr_or_program: Union[Expr, Program], prims, progress) -> np
     n, p = prims.shape
     check_primitive_count(program, p, "evaluate_numpy")
     prims = settle(prims, xp=np).astype(np.float32)
-    progress = np.float32(progress)
+    progress = np.asarray(progress, np.float32)
+    if progress.ndim > 1 or progress.size not in (1, n):
+        raise ValueError(f"progress must be a scalar or one value per row ({n}), got shape {progress.shape}")
     ops = np.asarray(program.ops)
     args = np.asarray(program.args, np.float32)
     stack: list[np.ndarray] = []
