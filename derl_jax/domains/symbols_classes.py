@@ -39,7 +39,8 @@ HARMFUL = frozenset({"marker", "echo"})
 PROBE_POINTS = 256   # ours
 STEP = 0.05          # ours: the half-step of the central difference, in primitive units
 SPARSE = frozenset({"exact"})   # probed at STEP: about 0 on the base policy (the band's `exact`)
-# ours, fixed from the medium level's 30 trained proposals (docs/domains/symbols.md) before the hard level's check
+# ours, fixed on the 30 trained proposals of (m, D) = (2, 7), then the medium level, before the other levels' checks
+# (benchmarks/results/symbols_rarity.json, docs/results/symbols_compose.md)
 WEIGHT_SHARE = 0.25
 _SEED = 7            # ours: fixed probe points, so a class never changes between calls
 
