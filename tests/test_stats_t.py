@@ -190,3 +190,22 @@ def test_the_structure_claim_reclassifies_the_proposals_under_the_aligned_rule()
     assert row["difference"] == pytest.approx(np.mean(slopes)) and row["verdict"] == "separated"
     outcome_only = functools.partial(claims.structure_with_aligned, names=SYMBOLS, outcome_index=0, aligned=())
     assert claims.stable_share_per_iteration(histories["derl"][1], outcome_only).tolist() == [0, 0, 0, 0]
+
+
+def test_welch_interval_by_hand_and_against_scipy():
+    """a = (1, 2, 3), b = (2, 4, 6, 8): difference 3, se^2 = 1/3 + 20/12 = 2, df = 4 / (1/18 + 25/27)."""
+    got = stats.welch_interval([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0])
+    df = 4.0 / ((1.0 / 3.0) ** 2 / 2 + (20.0 / 12.0) ** 2 / 3)
+    half = scipy_stats.t.ppf(0.975, df) * math.sqrt(2.0)
+    assert got["difference"] == pytest.approx(3.0) and got["df"] == pytest.approx(df)
+    assert (got["low"], got["high"]) == pytest.approx((3.0 - half, 3.0 + half))
+    rng = np.random.default_rng(1)
+    for _ in range(20):   # 0 leaves the 99% interval exactly when Welch's test rejects at 0.01
+        a, b = rng.normal(0.3, 0.2, 4), rng.normal(0.3 + rng.uniform(-0.4, 0.4), 0.1, 5)
+        interval = stats.welch_interval(a, b, confidence=0.99)
+        p = scipy_stats.ttest_ind(b, a, equal_var=False).pvalue
+        assert (interval["low"] <= 0.0 <= interval["high"]) == (p >= 0.01)
+    assert stats.welch_interval([0.5, 0.5], [0.2, 0.2]) == {"difference": pytest.approx(-0.3), "low": pytest.approx(-0.3),
+                                                            "high": pytest.approx(-0.3), "df": float("inf")}
+    with pytest.raises(ValueError, match="welch_interval"):
+        stats.welch_interval([0.1], [0.2, 0.3])

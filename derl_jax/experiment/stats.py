@@ -144,6 +144,25 @@ def t_test(values: Sequence[float]) -> dict:
             "separated": bool(n > 1 and (low > 0.0 or high < 0.0))}
 
 
+def welch_interval(a: Sequence[float], b: Sequence[float], *, confidence: float = CONFIDENCE) -> dict:
+    """mean(b) − mean(a) for two independent samples (f[Na], f[Nb], each n >= 2), with its
+    two-sided Welch interval: se = sqrt(var_a/Na + var_b/Nb) (ddof=1) and the t quantile at the
+    Welch–Satterthwaite df. Returns {"difference", "low", "high", "df"}. With no spread in either
+    sample the interval is [difference, difference]."""
+    a = np.asarray(a, np.float64).reshape(-1)
+    b = np.asarray(b, np.float64).reshape(-1)
+    if a.size < 2 or b.size < 2:
+        raise ValueError(f"welch_interval: each sample needs >= 2 values, got {a.size} and {b.size}")
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    difference = float(b.mean() - a.mean())
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return {"difference": difference, "low": difference, "high": difference, "df": float("inf")}
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1))
+    half_width = student_t_quantile(0.5 + confidence / 2.0, df) * se
+    return {"difference": difference, "low": difference - half_width, "high": difference + half_width, "df": float(df)}
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the order given: sort ascending, multiply the k-th
     smallest (k from 0) by (m - k), take the running maximum, cap at 1."""
