@@ -141,11 +141,11 @@ def drift_violations(table: dict, rerun: dict) -> list[str]:
         if abs(moved) > PROPERTY_TOLERANCE:
             lines.append(f"base property {key}: mean {np.mean(values):.3f} -> {np.mean(rerun['base_property'][key]):.3f}"
                          f" (moved {moved:+.3f}, tolerance {PROPERTY_TOLERANCE})")
-    for metric, rows in (("test", table["per_seed"]), ("train_reward", table["train_reward"])):
-        for expression, values in rows.items():
+    for metric, key in (("test", "per_seed"), ("train_reward", "train_reward")):
+        for expression, values in table[key].items():
             if expression == BASE_ROW:
                 continue
-            new = rerun["per_seed"][expression] if metric == "test" else rerun["train_reward"][expression]
+            new = rerun[key][expression]
             interval = welch_interval(values, new, confidence=DRIFT_CONFIDENCE)
             if not interval["low"] <= 0.0 <= interval["high"]:
                 lines.append(f"`{expression}` {metric}: mean {np.mean(values):.3f} -> {np.mean(new):.3f}, difference "
