@@ -3,13 +3,14 @@
     python -m benchmarks.symbols_reference                          # default preset, seeds 0-4
     python -m benchmarks.symbols_reference --seeds=0,1 --expressions="g1;g2" --workdir=runs/ref_quick
 
-For every seed s and expression E it runs
+For every seed s and expression E it runs, in this process, what
 
     python launch/run.py --config=configs/symbols.py --mode=final --expression=E \\
         --config.seed=s --workdir=<workdir>/seed_<s> --noprogress
 
-(the seed fixes the warm-start policy and the training keys; one run directory per seed, so
-the base policy and the compiled programs are built once per seed) and keeps each
+runs (`derl_jax.experiment.run.launch`; the seed fixes the warm-start policy and the training
+keys; one run directory per seed, so the base policy is built once per seed; one compilation
+cache for all, `<workdir>/compile_cache` unless JAX_COMPILATION_CACHE_DIR names one) and keeps each
 `final_result.json` as `<workdir>/seed_<s>/<i>.json` (i: the expression's place in the list;
 a kept result is not run again). Then it tests each seed's base policy (no RL) and writes
 `<workdir>/reference.md` and `reference.json`: test exact-match accuracy per expression,
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Sequence
@@ -66,6 +66,19 @@ def final_command(config: str, expression: str, seed: int, workdir: str, overrid
             f"--config.seed={seed}", f"--workdir={workdir}", "--noprogress", *overrides]
 
 
+def run_final(config: str, expression: str, seed: int, workdir: str, overrides: Sequence[str],
+              compile_cache: str) -> None:
+    """`final_command`'s run in this process (the launcher's `launch`, which sets the host devices
+    before JAX's backend starts, so every run of the process gets the devices a command would)."""
+    from derl_jax.experiment.run import launch
+
+    cfg = load_config(config, seed, overrides)
+    command = " ".join(["python", os.path.relpath(SCRIPT, REPO_ROOT),
+                        *final_command(config, expression, seed, workdir, overrides)[2:]])
+    launch(cfg, "final", workdir=workdir, expression=expression, progress=False,
+           compile_cache=None if os.environ.get("JAX_COMPILATION_CACHE_DIR") else compile_cache, command=command)
+
+
 def run_one(config: str, expression: str, index: int, seed: int, workdir: str, overrides: Sequence[str]) -> dict:
     """The kept result of (expression, seed), running the launcher when there is none yet."""
     seed_dir = os.path.join(workdir, f"seed_{seed}")
@@ -76,7 +89,7 @@ def run_one(config: str, expression: str, index: int, seed: int, workdir: str, o
         if result["expression"] == expression:
             return result
     start = time.time()
-    subprocess.run(final_command(config, expression, seed, seed_dir, overrides), check=True, cwd=REPO_ROOT)
+    run_final(config, expression, seed, seed_dir, overrides, os.path.join(workdir, "compile_cache"))
     with open(os.path.join(seed_dir, "final_result.json"), encoding="utf-8") as handle:
         result = json.load(handle)
     result["command_seconds"] = time.time() - start
@@ -182,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="';'-separated a|b: report a − b per seed (pairs naming an expression not run are left out)")
     parser.add_argument("--override", action="append", default=[], help="e.g. --override=--config.inner.steps=32")
     args = parser.parse_args(argv)
+    xla_flags = os.environ.get("XLA_FLAGS", "")   # as given: the runs add the host device count to it
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     expressions = [e.strip() for e in args.expressions.split(";") if e.strip()]
     workdir = os.path.abspath(args.workdir)
@@ -201,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     pairs = [tuple(p.split("|")) for p in args.pairs.split(";") if p.strip()]
     pairs = [(a.strip(), b.strip()) for a, b in pairs if a.strip() in per_row and b.strip() in per_row]
     markdown, numbers = table(per_row, seeds, pairs)
-    numbers.update(train_reward=rewards, base_property=properties, xla_flags=os.environ.get("XLA_FLAGS", ""),
+    numbers.update(train_reward=rewards, base_property=properties, xla_flags=xla_flags,
                    overrides=list(args.override), expressions=expressions,
                    pairs=[list(p) for p in pairs])
     with open(os.path.join(workdir, "reference.md"), "w", encoding="utf-8") as handle:
