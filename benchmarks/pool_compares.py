@@ -31,7 +31,7 @@ from derl_jax.experiment.runtime import RUN_INFO_FILE
 VARYING_FLAGS = ("--config.compare.seeds", "--config.compare.methods", "--workdir")
 
 
-def command_without_seeds(command: str) -> list[str]:
+def command_without_varying_flags(command: str) -> list[str]:
     """A kept run's command without the flags that may differ between pooled runs (`VARYING_FLAGS`)."""
     return [word for word in shlex.split(command) if not word.startswith(VARYING_FLAGS)]
 
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         with open(os.path.join(folder, RESULTS_JSON), encoding="utf-8") as handle:
             payload = json.load(handle)
         with open(os.path.join(folder, RUN_INFO_FILE), encoding="utf-8") as handle:
-            commands[folder] = command_without_seeds(json.load(handle)["command"])
+            commands[folder] = command_without_varying_flags(json.load(handle)["command"])
         runs.append((os.path.basename(folder.rstrip("/")), payload, kept_histories(folder)))
     first = folders[0]
     for folder, command in commands.items():
@@ -128,16 +128,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"pool_compares: the runs did not use --config={args.config}")
 
     from benchmarks.symbols_reference import load_config
+    from derl_jax.domains.base import reward_classifier
     from derl_jax.domains.registry import get_domain
 
     cfg = load_config(args.config, 0, [w for w in commands[first] if w.startswith("--config.") and "=" in w])
     domain = get_domain(cfg.domain.kind).build(cfg)
-    classify = domain.reward_class if getattr(domain, "classifier", None) is not None else None
     results, histories = pool(runs, (method, baseline))
     found = {
         "runs": [name for name, _, _ in runs],
         "seeds": [r.seed for r in results[method]],
-        "endpoints": endpoints.endpoint_rows(results, histories, classify, pairs=((method, baseline),)),
+        "endpoints": endpoints.endpoint_rows(results, histories, reward_classifier(domain), pairs=((method, baseline),)),
         "protocols": protocol_summary(results),
         "differences": protocol_differences(results, method, baseline),
     }

@@ -66,8 +66,7 @@ def final_command(config: str, expression: str, seed: int, workdir: str, overrid
             f"--config.seed={seed}", f"--workdir={workdir}", "--noprogress", *overrides]
 
 
-def run_final(config: str, expression: str, seed: int, workdir: str, overrides: Sequence[str],
-              compile_cache: str) -> None:
+def run_final(config: str, expression: str, seed: int, workdir: str, overrides: Sequence[str]) -> None:
     """`final_command`'s run in this process (the launcher's `launch`, which sets the host devices
     before JAX's backend starts, so every run of the process gets the devices a command would)."""
     from derl_jax.experiment.run import launch
@@ -75,8 +74,7 @@ def run_final(config: str, expression: str, seed: int, workdir: str, overrides: 
     cfg = load_config(config, seed, overrides)
     command = " ".join(["python", os.path.relpath(SCRIPT, REPO_ROOT),
                         *final_command(config, expression, seed, workdir, overrides)[2:]])
-    launch(cfg, "final", workdir=workdir, expression=expression, progress=False,
-           compile_cache=None if os.environ.get("JAX_COMPILATION_CACHE_DIR") else compile_cache, command=command)
+    launch(cfg, "final", workdir=workdir, expression=expression, progress=False, command=command)
 
 
 def run_one(config: str, expression: str, index: int, seed: int, workdir: str, overrides: Sequence[str]) -> dict:
@@ -89,7 +87,7 @@ def run_one(config: str, expression: str, index: int, seed: int, workdir: str, o
         if result["expression"] == expression:
             return result
     start = time.time()
-    run_final(config, expression, seed, seed_dir, overrides, os.path.join(workdir, "compile_cache"))
+    run_final(config, expression, seed, seed_dir, overrides)
     with open(os.path.join(seed_dir, "final_result.json"), encoding="utf-8") as handle:
         result = json.load(handle)
     result["command_seconds"] = time.time() - start
@@ -199,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     expressions = [e.strip() for e in args.expressions.split(";") if e.strip()]
     workdir = os.path.abspath(args.workdir)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(workdir, "compile_cache"))   # one for every run
     per_row: dict[str, list[float]] = {BASE_ROW: []}
     per_row.update({e: [] for e in expressions})
     rewards: dict[str, list[float]] = {e: [] for e in expressions}

@@ -210,6 +210,12 @@ class Domain:
 TokenDomain = Domain
 
 
+def reward_classifier(domain: Any) -> Callable[[str], str | None] | None:
+    """`domain.reward_class` where the domain declares a classifier, else None (the endpoints
+    that need one are then not measurable)."""
+    return domain.reward_class if getattr(domain, "classifier", None) is not None else None
+
+
 def is_history(value: Any) -> bool:
     """Whether `value` is a `Domain.history`: an int W >= 1 or "full"."""
     if isinstance(value, str):

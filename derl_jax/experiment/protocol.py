@@ -71,7 +71,7 @@ import numpy as np
 
 from derl_jax.checkpoint import atomic_write_json, atomic_write_text
 from derl_jax.config import ConfigError, config_value, has_field
-from derl_jax.domains.base import TokenDataset, TokenDomain
+from derl_jax.domains.base import TokenDataset, TokenDomain, reward_classifier
 from derl_jax.rl.evaluator import CandidateEvaluator
 from derl_jax.expr.canonical import canonical, to_latex
 from derl_jax.expr.candidate import examine
@@ -533,7 +533,7 @@ def compare(
     searched = {m: [best_so_far(history[s]) for s in seeds] for m, history in histories.items()}
     return write_report(workdir, results, base_test=base_test, best_so_far=searched,
                         aligned=getattr(domain, "aligned_indices", ()), histories=histories,
-                        classify=domain.reward_class if getattr(domain, "classifier", None) is not None else None,
+                        classify=reward_classifier(domain),
                         structure_of=functools.partial(claims.structure_with_aligned, names=domain.primitive_names,
                                                        outcome_index=domain.outcome_index,
                                                        aligned=getattr(domain, "aligned_indices", ())))
