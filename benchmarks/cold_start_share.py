@@ -3,6 +3,12 @@ held-out games that are well-formed and name an admissible action, before and af
 
     python benchmarks/cold_start_share.py --seeds 0 1 2 --out benchmarks/results/cold_start_share.json
 
+`--domain` picks the JAX household (the default) or a real engine (`alfworld`: generated
+games; `scienceworld`: the task's variations), whose `tiny` preset runs with the checkpoint in
+the agent prompt; on an engine the shares are read from the environment's answer counts during
+the greedy test pass of a run (`evaluator.accuracy`). `--passes` K plays the training games K
+times, each pass with its own detours (more turns, the same games).
+
 The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary (or over --tokenizer's,
 a directory such as the compact one of tests/compact_tokenizer.py) written by `transformers`
 (`write_checkpoint`, sized by --layers, --hidden, --heads, --kv-heads) and loaded as a run loads a checkpoint (`models.hf`). The cold
@@ -21,6 +27,7 @@ corpus's detours and the batch order.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -60,6 +67,30 @@ def household_domain(args):
     return make_household_domain(block, args.tokenizer or bundled_qwen_tokenizer_dir())
 
 
+def engine_config(args, checkpoint: str = "") -> ml_collections.ConfigDict:
+    """The `tiny` preset of ALFWorld (generated games) or ScienceWorld with the agent prompt over
+    the tokenizer, at the benchmark's sizes; `checkpoint` is the policy's directory (no cold
+    start in the run: this script runs it)."""
+    import importlib
+
+    from derl_jax.models.hf_tokenizer import bundled_qwen_tokenizer_dir
+
+    cfg = importlib.import_module(f"configs.{args.domain}").get_config("tiny")
+    sizes = {"num_train": args.num_train + args.num_val, "num_test": args.num_test, "max_turns": args.max_turns,
+             "history": args.window, "obs_length": 96, "action_length": 48, "admissible_length": 192}
+    cfg.domain.update(**sizes, **({"num_workers": 0} if args.domain == "alfworld" else {}))
+    cfg.policy.update(checkpoint=checkpoint, tokenizer=args.tokenizer or bundled_qwen_tokenizer_dir(), sft_steps=0,
+                      param_dtype="float32", compute_dtype="float32")
+    cfg.inner.eval_batch_size = 64
+    return cfg
+
+
+def engine_domain(args):
+    from derl_jax.experiment import build
+
+    return build.build_domain(engine_config(args))
+
+
 def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_heads: int, seed: int,
                      vocab_size: int = QWEN_VOCAB) -> str:
     """A tiny random Qwen2 over `vocab_size` tokens (Qwen's vocabulary unless told), saved by
@@ -76,10 +107,13 @@ def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_head
     return path
 
 
-def answer_shares(domain, split, params, graphdef, record: list | None = None) -> dict[str, float]:
+def answer_shares(domain, split, params, graphdef, record: list | None = None, *, greedy: bool = True,
+                  key: int = 1) -> dict[str, float]:
     """Greedy shares of well-formed answers and of well-formed answers naming an admissible action
     over every turn of `split`'s episodes (also the measure of tests/test_cold_start.py);
-    with `record`, each answer's action and whether it was admissible are appended to it."""
+    with `record`, each answer's action and whether it was admissible are appended to it.
+    `greedy=False`: the same over answers sampled at temperature 1 (as RL's rollouts are) with
+    `jax.random.key(key)`."""
     from derl_jax.domains import agent_prompt as AP
     from derl_jax.rl import rollout as R
     from derl_jax.rl.config import InnerConfig
@@ -98,8 +132,36 @@ def answer_shares(domain, split, params, graphdef, record: list | None = None) -
 
         domain.env.counts.add = recording
     run = jax.jit(R.device_rollout(domain, graphdef, cfg).fn, static_argnums=3)
-    jax.block_until_ready(run(params, split, jax.random.key(1), True))
+    jax.block_until_ready(run(params, split, jax.random.key(key), greedy))
     return domain.env.counts.shares()
+
+
+def engine_answer_shares(domain, evaluator, split, params, record: list | None = None) -> dict[str, float]:
+    """`answer_shares` on an engine domain: the greedy test pass of a run (`evaluator.accuracy`),
+    read through the environment's answer counts."""
+    from derl_jax.domains import agent_prompt as AP
+
+    domain.env.counts = AP.AnswerCounts()
+    if record is not None:
+        add = domain.env.counts.add
+
+        def recording(answer, admissible):
+            record.append([answer.action, bool(answer.well_formed and admissible and answer.action in admissible)])
+            add(answer, admissible)
+
+        domain.env.counts.add = recording
+    evaluator.accuracy(params, split)
+    return domain.env.counts.shares()
+
+
+LOOK_WORDS = ("look", "inventory", "examine", "help")
+
+
+def beyond_look(record: list) -> float:
+    """Share of the recorded answers ([action, admissible] pairs) that name an admissible action
+    other than a look, inventory, examine or help (the engines' harmless detours, always admissible)."""
+    hits = [ok and (action.split() or [""])[0] not in LOOK_WORDS for action, ok in record]
+    return sum(hits) / max(len(hits), 1)
 
 
 def segment_fn(graphdef, cfg, data):
@@ -126,12 +188,25 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
     path = write_checkpoint(os.path.join(workdir, f"ckpt_{seed}"), hidden=args.hidden, layers=args.layers,
                             heads=args.heads, kv_heads=args.kv_heads, seed=seed,
                             vocab_size=domain.tokenizer.vocab_size if args.tokenizer else QWEN_VOCAB)
-    _, graphdef, params = hf.load_hf_model(path, "float32", compute_dtype="float32")
+    if args.domain == "household":
+        _, graphdef, params = hf.load_hf_model(path, "float32", compute_dtype="float32")
+
+        def measure(split, params, record):
+            return answer_shares(domain, split, params, graphdef, record)
+    else:
+        from derl_jax.experiment import build
+
+        params, evaluator = build.build_inner(domain, engine_config(args, path), os.path.join(workdir, f"run_{seed}"))
+        graphdef = evaluator.graphdef
+
+        def measure(split, params, record):
+            return engine_answer_shares(domain, evaluator, split, params, record)
     policy = ml_collections.ConfigDict({"sft_steps": args.steps, "sft_lr": args.lr, "sft_batch_size": args.batch,
                                         "sft_perturb_rate": args.perturb})
     cfg = dataclasses.replace(sft.sft_config_from(policy, seed), final_lr_fraction=args.final_lr_fraction)
     holdout = list(range(args.num_train, args.num_train + args.num_val))
-    corpus = sft.domain_corpus(domain, seed, holdout, policy)
+    # every pass plays the training games again with its own detours (pass 0 is the run's own corpus)
+    corpus = [pair for k in range(args.passes) for pair in sft.domain_corpus(domain, seed + 1000 * k, holdout, policy)]
     data = sft.trim_padding(sft.encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length),
                                               int(domain.max_new_tokens)))
     run, optimizer = segment_fn(graphdef, cfg, data)
@@ -143,11 +218,20 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
         for name, split in (("validation", validation), ("test", domain.test)):
             if split is None:
                 continue
-            record = [] if name == "test" and step == args.steps and args.show else None
-            got = answer_shares(domain, split, params, graphdef, record)
+            record = [] if name == "test" and step == args.steps else None
+            got = measure(split, params, record)
             if record is not None:
                 row["test_answers"] = record[: args.show]
+                row["test_admissible_beyond_look"] = beyond_look(record)
+                actions = collections.Counter(action for action, _ in record)
+                row["test_distinct_actions"] = len(actions)
+                row["test_top_action"] = actions.most_common(1)[0] if actions else None
             row[f"{name}_well_formed"], row[f"{name}_admissible"] = got["well_formed"], got["admissible"]
+        if args.sampled and args.domain == "household":
+            record = []
+            got = answer_shares(domain, domain.test, params, graphdef, record, greedy=False)
+            row["test_sampled_admissible"] = got["admissible"]
+            row["test_sampled_distinct_actions"] = len({action for action, _ in record})
         return row
 
     rows = [shares(0, None)]
@@ -167,7 +251,7 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--domain", default="household", choices=["household"])
+    parser.add_argument("--domain", default="household", choices=["household", "alfworld", "scienceworld"])
     parser.add_argument("--level", default="L0")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--num-train", type=int, default=40, help="training games the corpus is played on")
@@ -185,13 +269,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--perturb", type=float, default=0.1)
     parser.add_argument("--final-lr-fraction", type=float, default=0.1)
+    parser.add_argument("--sampled", action="store_true",
+                        help="household: also the test shares of answers sampled at temperature 1")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="the corpus plays the training games this many times, each with its own detours")
     parser.add_argument("--eval-every", type=int, default=0, help="measure every this many steps (0: at the end)")
     parser.add_argument("--show", type=int, default=24, help="test answers (action, admissible) kept per seed at the end")
     parser.add_argument("--out", default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
+    # read before the engines load: ALFWorld's loader rewrites sys.argv
+    command = "python benchmarks/cold_start_share.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
     start_cpu = cpu_seconds()
-    domain = household_domain(args)
+    domain = household_domain(args) if args.domain == "household" else engine_domain(args)
     validation = domain.train.take(np.arange(args.num_train, args.num_train + args.num_val)) if args.num_val else None
     with tempfile.TemporaryDirectory() as workdir:
         rows = [row for seed in args.seeds for row in measure_seed(domain, validation, args, seed, workdir)]
@@ -216,7 +306,7 @@ def main(argv=None) -> dict:
         summary["selected on validation / test_admissible mean"] = round(
             statistics.mean(r["test_admissible"] for r in selected), 4)
     summary["cpu_s"] = round(cpu_seconds() - start_cpu, 1)
-    config = {"command": "python benchmarks/cold_start_share.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    config = {"command": command,
               "git_commit": commit_of(__file__), **{k: v for k, v in vars(args).items() if k != "out"}}
     columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c != "test_answers"]
     return report("cold_start_share", rows, config=config, summary=summary, columns=columns, out=args.out)

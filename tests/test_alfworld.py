@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -50,7 +51,9 @@ def test_generated_problems_carry_alfworld_goals_and_rooms():
             lamp = types[obj] in P.LAMPS
             assert lamp or types[obj] in constants.VAL_RECEPTACLE_OBJECTS[types[recep]], (obj, recep)
             assert lamp or types[obj] != by_lower[game.obj] or types[recep].lower() != game.recep
-    # the engine shows the goal and the room; the planner's plan wins every kind
+    # the engine shows the goal and the room; the planner's plan wins every kind; the process's argv
+    # stays as it was (the engine's PDDL translator overwrites it)
+    argv = list(sys.argv)
     for game in games[::2]:
         played = Game(game.source, expert=True)
         first = played.reset()
@@ -58,6 +61,7 @@ def test_generated_problems_carry_alfworld_goals_and_rooms():
         assert "sinkbasin 1" in first and "fridge 1" in first and "microwave 1" in first
         won = [played.step(command)[1] for command in played.plan()]
         assert won[-1] and not any(won[:-1]), game.kind
+        assert sys.argv == argv
 
 
 def test_levels_split_types_and_kinds():

@@ -60,6 +60,13 @@ def test_household_corpus_is_the_expert_in_the_agent_prompt(household):
     assert {"plan", "explore"} <= kinds and len(corpus) >= 10 * 2
 
 
+def test_beyond_look_counts_admissible_answers_that_do_more_than_look():
+    record = [["look", True], ["go to desk 1", True], ["examine shelf 1", True], ["open fridge 1", False],
+              ["inventory", True], ["take apple 1 from table 1", True], ["", False], ["help", True]]
+    assert cold_start_share.beyond_look(record) == pytest.approx(2 / 8)
+    assert cold_start_share.beyond_look([]) == 0.0
+
+
 def write_checkpoint(path, vocab_size: int, hidden: int = 32, layers: int = 1, seed: int = 0) -> str:
     """A tiny random Qwen2 over `vocab_size` tokens, saved by transformers."""
     return cold_start_share.write_checkpoint(str(path), hidden=hidden, layers=layers, heads=2, kv_heads=1, seed=seed,

@@ -22,6 +22,7 @@ This module imports neither JAX nor the derl_jax package when run as a worker.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pickle
@@ -50,6 +51,17 @@ def game_logic() -> dict[str, str]:
         return {"pddl_domain": domain.read(), "grammar": grammar.read()}
 
 
+@contextlib.contextmanager
+def _argv_kept():
+    """Restores `sys.argv` afterwards: fast_downward's PDDL translator, which TextWorld's engine
+    calls, overwrites it."""
+    argv = list(sys.argv)
+    try:
+        yield
+    finally:
+        sys.argv = argv
+
+
 class Game:
     """One ALFWorld game (module docstring). Not thread-safe."""
 
@@ -61,17 +73,20 @@ class Game:
         self.expert = expert
         self._env = AlfredDemangler(PddlEnv(textworld.EnvInfos(won=True, policy_commands=expert,
                                                                admissible_commands=True)))
-        self._env.load(source)
+        with _argv_kept():
+            self._env.load(source)
         self._state = None
 
     def reset(self) -> str:
         """Restart the game -> the first observation (welcome line, the room, the task line)."""
-        self._state = self._env.reset()
+        with _argv_kept():
+            self._state = self._env.reset()
         return str(self._state["feedback"])
 
     def step(self, command: str) -> tuple[str, bool]:
         """(observation, won) after `command` ("Nothing happens." when the engine has no such action)."""
-        self._state, _, _ = self._env.step(command)
+        with _argv_kept():
+            self._state, _, _ = self._env.step(command)
         return str(self._state["feedback"]), bool(self._state["won"])
 
     def admissible(self) -> list[str]:
