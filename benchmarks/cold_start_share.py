@@ -107,21 +107,11 @@ def write_checkpoint(path: str, *, hidden: int, layers: int, heads: int, kv_head
     return path
 
 
-def answer_shares(domain, split, params, graphdef, record: list | None = None, *, greedy: bool = True,
-                  key: int = 1) -> dict[str, float]:
-    """Greedy shares of well-formed answers and of well-formed answers naming an admissible action
-    over every turn of `split`'s episodes (also the measure of tests/test_cold_start.py);
-    with `record`, each answer's action and whether it was admissible are appended to it.
-    `greedy=False`: the same over answers sampled at temperature 1 (as RL's rollouts are) with
-    `jax.random.key(key)`."""
+def count_answers(domain, record: list | None) -> None:
+    """Gives the domain's environment fresh answer counts; with `record`, each answer the
+    environment reads also appends [action, whether it was well-formed and admissible] to it."""
     from derl_jax.domains import agent_prompt as AP
-    from derl_jax.rl import rollout as R
-    from derl_jax.rl.config import InnerConfig
-    from derl_jax.rl.grpo import GRPOConfig
 
-    cfg = InnerConfig(steps=1, prompts_per_step=1, group_size=1, max_new_tokens=domain.max_new_tokens,
-                      temperature=1.0, eval_batch_size=split.size, grpo=GRPOConfig(learning_rate=1e-3),
-                      kl_metric=False)
     domain.env.counts = AP.AnswerCounts()
     if record is not None:
         add = domain.env.counts.add
@@ -131,6 +121,23 @@ def answer_shares(domain, split, params, graphdef, record: list | None = None, *
             add(answer, admissible)
 
         domain.env.counts.add = recording
+
+
+def answer_shares(domain, split, params, graphdef, record: list | None = None, *, greedy: bool = True,
+                  key: int = 1) -> dict[str, float]:
+    """Greedy shares of well-formed answers and of well-formed answers naming an admissible action
+    over every turn of `split`'s episodes (also the measure of tests/test_cold_start.py);
+    with `record`, each answer's action and whether it was admissible are appended to it.
+    `greedy=False`: the same over answers sampled at temperature 1 (as RL's rollouts are) with
+    `jax.random.key(key)`."""
+    from derl_jax.rl import rollout as R
+    from derl_jax.rl.config import InnerConfig
+    from derl_jax.rl.grpo import GRPOConfig
+
+    cfg = InnerConfig(steps=1, prompts_per_step=1, group_size=1, max_new_tokens=domain.max_new_tokens,
+                      temperature=1.0, eval_batch_size=split.size, grpo=GRPOConfig(learning_rate=1e-3),
+                      kl_metric=False)
+    count_answers(domain, record)
     run = jax.jit(R.device_rollout(domain, graphdef, cfg).fn, static_argnums=3)
     jax.block_until_ready(run(params, split, jax.random.key(key), greedy))
     return domain.env.counts.shares()
@@ -139,17 +146,7 @@ def answer_shares(domain, split, params, graphdef, record: list | None = None, *
 def engine_answer_shares(domain, evaluator, split, params, record: list | None = None) -> dict[str, float]:
     """`answer_shares` on an engine domain: the greedy test pass of a run (`evaluator.accuracy`),
     read through the environment's answer counts."""
-    from derl_jax.domains import agent_prompt as AP
-
-    domain.env.counts = AP.AnswerCounts()
-    if record is not None:
-        add = domain.env.counts.add
-
-        def recording(answer, admissible):
-            record.append([answer.action, bool(answer.well_formed and admissible and answer.action in admissible)])
-            add(answer, admissible)
-
-        domain.env.counts.add = recording
+    count_answers(domain, record)
     evaluator.accuracy(params, split)
     return domain.env.counts.shares()
 
