@@ -219,6 +219,7 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
             got = measure(split, params, record)
             if record is not None:
                 row["test_answers"] = record[: args.show]
+                row["test_failed_answers"] = [action for action, ok in record if not ok][: args.show]
                 row["test_admissible_beyond_look"] = beyond_look(record)
                 actions = collections.Counter(action for action, _ in record)
                 row["test_distinct_actions"] = len(actions)
@@ -271,7 +272,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--passes", type=int, default=1,
                         help="the corpus plays the training games this many times, each with its own detours")
     parser.add_argument("--eval-every", type=int, default=0, help="measure every this many steps (0: at the end)")
-    parser.add_argument("--show", type=int, default=24, help="test answers (action, admissible) kept per seed at the end")
+    parser.add_argument("--show", type=int, default=24,
+                        help="test answers (action, admissible) and failed answers kept per seed at the end")
     parser.add_argument("--out", default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
     # read before the engines load: ALFWorld's loader rewrites sys.argv
@@ -305,7 +307,7 @@ def main(argv=None) -> dict:
     summary["cpu_s"] = round(cpu_seconds() - start_cpu, 1)
     config = {"command": command,
               "git_commit": commit_of(__file__), **{k: v for k, v in vars(args).items() if k != "out"}}
-    columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c != "test_answers"]
+    columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c not in ("test_answers", "test_failed_answers")]
     return report("cold_start_share", rows, config=config, summary=summary, columns=columns, out=args.out)
 
 

@@ -201,3 +201,61 @@ def test_the_engines_task_lines_are_not_repeated(prompt, task):
     text = prompt.task_text(task)
     assert text.count("Your task is to") == 1 and "Task Description" not in text
     assert text.endswith("Your task is to: put some statue on countertop." + AP.HISTORY_HEADER)
+
+
+class DoorsOpenWorld:
+    """A hand-written engine whose gold path opens a door that is already open: the engine
+    accepts `open door to kitchen` but does not list it among the actions it admits."""
+
+    GOLD = ["open door to kitchen", "go to kitchen", "focus on cup"]
+
+    def load(self, task, variation, simplifications, gold_path=True):
+        self.stepped, self.room = [], "hallway"
+
+    def gold_actions(self):
+        return list(self.GOLD)
+
+    def task_description(self):
+        return "Your task is to find a cup."
+
+    def reset(self, describe_task=False):
+        return "This room is called the hallway. A door to the kitchen (that is open)."
+
+    def admissible(self):
+        here = ["go to kitchen", "look around"] if self.room == "hallway" else ["focus on cup", "look around"]
+        return here + ["inventory"]
+
+    def step(self, action):
+        self.stepped.append(action)
+        if action == "go to kitchen":
+            self.room = "kitchen"
+        done = action == "focus on cup"
+        return f"You did {action}.", 1.0 if done else 0.0, done
+
+
+def test_agent_corpus_plays_gold_actions_the_engine_does_not_admit_silently():
+    from derl_jax.domains.scienceworld.corpus import play_agent
+
+    prompt = AP.AgentPrompt(AP.load_table(bundled_qwen_tokenizer_dir()), "scienceworld", obs_length=48,
+                            admissible_length=40)
+    world = DoorsOpenWorld()
+    pairs = play_agent(world, "find", 0, 0, 0.0, prompt, window=2, max_turns=2)
+    taught = [AP.parse_answer(prompt.table.tokenizer.decode(answer)).action for _, answer in pairs]
+    assert world.stepped == DoorsOpenWorld.GOLD        # the world followed the whole gold path
+    assert taught == ["go to kitchen", "focus on cup"]  # the silent step took no turn of max_turns
+    shown = [prompt.table.tokenizer.decode(ids) for ids, _ in pairs]
+    assert not any("open door" in text for text in shown)
+    assert "Admissible actions now: [focus on cup, look around, inventory]" in shown[1]
+
+
+def test_wandering_detours_go_elsewhere_only_before_a_gold_go_to():
+    from derl_jax.domains.scienceworld.corpus import detour
+
+    admissible = ["go to kitchen", "go to hallway", "look around", "examine cup", "take cup"]
+    rng = np.random.default_rng(0)
+    before_go = [detour(rng, admissible, "go to kitchen", True) for _ in range(400)]
+    assert set(before_go) == {"go to hallway", "look around", "examine cup"}   # never the gold place itself
+    assert 0.4 < before_go.count("go to hallway") / 400 < 0.6
+    assert {detour(rng, admissible, "take cup", True) for _ in range(100)} == {"look around", "examine cup"}
+    assert {detour(rng, admissible, "go to kitchen", False) for _ in range(100)} == {"look around", "examine cup"}
+    assert detour(rng, ["go to kitchen", "take cup"], "take cup", True) == "inventory"

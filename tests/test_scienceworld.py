@@ -150,6 +150,13 @@ def test_two_scripted_episodes_score_and_end(scienceworld):
     assert again[4]["step_score"].tolist() == step_scores[0].tolist() and again[3].tolist() == [False, False]
     assert "focus on cupboard" not in env.valid_actions(again[1][0]) and "go to kitchen" in env.valid_actions(again[1][1])
 
+    # the agent prompt's order of the same actions: fewest words first, the engine's order among equals
+    valid, listed = again[1][1].game.valid_actions(), again[1][1].game.admissible()
+    lengths = [len(action.split()) for action in listed]
+    assert sorted(listed) == sorted(valid) and lengths == sorted(lengths) and len(set(lengths)) > 1
+    for k in set(lengths):
+        assert [a for a in listed if len(a.split()) == k] == [a for a in valid if len(a.split()) == k]
+
 
 class _FakeWorker:
     """The engine's variation lists for two tasks (what `Worker.variations` returns)."""

@@ -82,8 +82,12 @@ class Worker:
         return list(self._server.getValidActionObjectCombinations())
 
     def admissible(self) -> list[str]:
-        """`valid_actions`, the list an agent prompt shows (`derl_jax.domains.agent_prompt`)."""
-        return self.valid_actions()
+        """`valid_actions` in the order an agent prompt lists them (`derl_jax.domains.agent_prompt`):
+        fewest words first, the engine's (alphabetical) order among equals. The prompt shows as
+        many as fit in its line, and the engine admits hundreds, most of them two-object
+        combinations (`dunk cup containing orange juice into bowl`); in the engine's order the
+        line is full before it reaches `go to` or `move`."""
+        return sorted(self.valid_actions(), key=lambda action: len(action.split()))
 
     def gold_actions(self) -> list[str]:
         """The engine's gold action sequence of the task loaded with `gold_path=True`."""

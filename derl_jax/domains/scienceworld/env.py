@@ -56,7 +56,7 @@ class Episode:
     score: float = 0.0
     done: bool = False
     turn: int = 0
-    admissible: list = dataclasses.field(default_factory=list)   # the engine's valid actions now (agent prompt)
+    admissible: list = dataclasses.field(default_factory=list)   # the engine's valid actions now, in the prompt's order
 
 
 class ScienceWorldEnv:
@@ -109,7 +109,7 @@ class ScienceWorldEnv:
                 tracker.visited.add(location)
             episode = Episode(name, int(variations[b]), tracker, b % len(self.workers), games[b])
             if self.prompt is not None:
-                episode.admissible = games[b].valid_actions()
+                episode.admissible = games[b].admissible()
                 return self.prompt.row(None, observation, episode.admissible), episode
             return self.vocab.encode(observation, self.obs_length), episode
 
@@ -153,7 +153,7 @@ class ScienceWorldEnv:
                 self._idle[episode.worker].append(episode.game)
             valid = float(not T.failed(observation))
             if self.prompt is not None:
-                episode.admissible = [] if episode.done else episode.game.valid_actions()
+                episode.admissible = [] if episode.done else episode.game.admissible()
                 row = self.prompt.row(" ".join(action.split()[:ECHO_WORDS]), observation, episode.admissible)
                 return row, reward, step_score, valid, assessment
             return self.vocab.encode(observation, self.obs_length), reward, step_score, valid, assessment
