@@ -112,21 +112,9 @@ def _ids(row: np.ndarray, vocab: Vocabulary) -> list[int]:
     return [int(i) for i in row if i != vocab.pad_id]
 
 
-def detour(rng: np.random.Generator, admissible: Sequence[str], next_gold: str, wander: bool) -> str:
-    """The agent corpus's detour before gold action `next_gold` (`play_agent`): with `wander` and
-    a gold `go to`, half the time another admissible `go to`; otherwise a random admissible look,
-    inventory or examine (`inventory` when none is admissible)."""
-    if wander and next_gold.startswith("go to "):
-        elsewhere = [a for a in admissible if a.startswith("go to ") and a != next_gold]
-        if elsewhere and rng.random() < 0.5:
-            return elsewhere[rng.integers(len(elsewhere))]
-    harmless = [a for a in admissible if a.split()[:1] in (["look"], ["inventory"], ["examine"])]
-    return harmless[rng.integers(len(harmless))] if harmless else HARMLESS[0]
-
-
 def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float, prompt, *, window: int,
                max_turns: int, simplifications: str = "easy", phrasing: T.Phrasing = T.SCIENCEWORLD,
-               self_guide: bool = False, wander: bool = False) -> list[tuple[list[int], list[int]]]:
+               self_guide: bool = False) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) per turn of one perturbed gold episode in the agent prompt
     (`derl_jax.domains.agent_prompt`) of a pretrained policy: the task prompt, then the last
     `window` observation rows (`AgentPrompt.row`: the action taken, the engine's answer, the
@@ -135,10 +123,7 @@ def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float
     reasoning and the action (`agent_prompt.write_answer`), with the expert's assessment
     sentence first under Self-Guide. Before each gold action, with probability `perturb_rate`,
     a harmless admissible action (look, inventory, examine) is taken instead; the gold action
-    follows. With `wander` (ALFWorld, where every place is one `go to` away) a detour before a
-    gold `go to` goes, half the time, to another place the engine admits instead: the gold path
-    still goes to the right place next, and the corpus shows the states a policy reaches when it
-    goes somewhere wrong. Turns whose answer would not fit the policy's answer length are played, not kept.
+    follows. Turns whose answer would not fit the policy's answer length are played, not kept.
     A gold action the engine does not admit (ScienceWorld's gold paths open doors that its easy
     simplification has already opened) is played silently: the world stays on the gold path, but
     the turn is neither taught nor shown, so every taught action is one the prompt could list."""
@@ -154,11 +139,12 @@ def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float
     tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
     score, pairs, assessment, turns = 0.0, [], selfguide.NEUTRAL, 0
     plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
-    for index, step in enumerate(plan):
+    for step in plan:
         if turns == max_turns:
             break
         if step is None:
-            step = detour(rng, admissible, plan[index + 1], wander)
+            harmless = [a for a in admissible if a.split()[:1] in (["look"], ["inventory"], ["examine"])]
+            step = harmless[rng.integers(len(harmless))] if harmless else HARMLESS[0]
         elif step not in admissible:   # played silently (docstring)
             _, score, completed = worker.step(step)
             if completed:
