@@ -84,9 +84,9 @@ class Worker:
     def admissible(self) -> list[str]:
         """`valid_actions` in the order an agent prompt lists them (`derl_jax.domains.agent_prompt`):
         fewest words first, the engine's (alphabetical) order among equals. The prompt shows as
-        many as fit in its line, and the engine admits hundreds, most of them two-object
+        many as fit in its line, and the engine admits hundreds, many of them two-object
         combinations (`dunk cup containing orange juice into bowl`); in the engine's order the
-        line is full before it reaches `go to` or `move`."""
+        line can be full before it reaches the first `go to`."""
         return sorted(self.valid_actions(), key=lambda action: len(action.split()))
 
     def gold_actions(self) -> list[str]:
