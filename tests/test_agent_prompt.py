@@ -246,4 +246,3 @@ def test_agent_corpus_plays_gold_actions_the_engine_does_not_admit_silently():
     shown = [prompt.table.tokenizer.decode(ids) for ids, _ in pairs]
     assert not any("open door" in text for text in shown)
     assert "Admissible actions now: [focus on cup, look around, inventory]" in shown[1]
-
