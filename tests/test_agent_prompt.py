@@ -246,3 +246,94 @@ def test_agent_corpus_plays_gold_actions_the_engine_does_not_admit_silently():
     shown = [prompt.table.tokenizer.decode(ids) for ids, _ in pairs]
     assert not any("open door" in text for text in shown)
     assert "Admissible actions now: [focus on cup, look around, inventory]" in shown[1]
+
+
+class KitchenWorld:
+    """A hand-written ALFWorld-like engine: every place is one `go to` away, `take` works only
+    where the object is, and what it does not admit answers "Nothing happens." unchanged."""
+
+    GOLD = ["go to countertop 1", "take pan 1 from countertop 1", "go to sinkbasin 1", "clean pan 1 with sinkbasin 1"]
+
+    def load(self, task, variation, simplifications, gold_path=True):
+        self.stepped, self.here, self.holding, self.clean = [], None, False, False
+
+    def gold_actions(self):
+        return list(self.GOLD)
+
+    def task_description(self):
+        return "Your task is to: put a clean pan in countertop."
+
+    def reset(self, describe_task=False):
+        return "You are in the middle of a room. You see a countertop 1 and a sinkbasin 1."
+
+    def admissible(self):
+        go = [f"go to {p}" for p in ("countertop 1", "sinkbasin 1") if p != self.here]
+        if self.here == "countertop 1" and not self.holding:
+            go.append("take pan 1 from countertop 1")
+        if self.here == "sinkbasin 1" and self.holding:
+            go.append("clean pan 1 with sinkbasin 1")
+        return go + ["look", "inventory"]
+
+    def step(self, action):
+        legal = action in self.admissible()
+        self.stepped.append((action, legal))
+        if not legal:
+            return "Nothing happens.", float(self.holding + self.clean), False
+        if action.startswith("go to "):
+            self.here = action[len("go to "):]
+        self.holding = self.holding or action.startswith("take ")
+        self.clean = self.clean or action.startswith("clean ")
+        return f"You did {action}.", float(self.holding + self.clean), self.clean
+
+
+def test_agent_corpus_mistakes_are_shown_failed_and_never_taught(prompt):
+    from derl_jax.domains.alfworld.rules import PHRASING
+    from derl_jax.domains.scienceworld.corpus import play_agent
+
+    world = KitchenWorld()
+    pairs = play_agent(world, "clean", 0, 0, 0.0, prompt, window=1, max_turns=20, phrasing=PHRASING, mistake_rate=1.0)
+    answers = [AP.parse_answer(prompt.table.tokenizer.decode(answer)) for _, answer in pairs]
+    mistakes = [action for action, legal in world.stepped if not legal]
+    assert [action for action, legal in world.stepped if legal] == KitchenWorld.GOLD
+    assert [a.action for a in answers] == KitchenWorld.GOLD           # only gold actions are taught
+    # every gold action came right after a mistake: a later gold action or going where the agent is
+    assert [action for action, _ in world.stepped[0::2]] == mistakes and len(mistakes) == 4
+    here = [None, "countertop 1", "countertop 1", "sinkbasin 1"]   # where the agent is before each gold action
+    allowed = [set(KitchenWorld.GOLD[i + 1:]) | ({f"go to {here[i]}"} if here[i] else set()) for i in range(4)]
+    assert all(m in choices for m, choices in zip(mistakes, allowed))
+    assert mistakes[3] == "go to sinkbasin 1"
+    shown = [prompt.table.tokenizer.decode(ids) for ids, _ in pairs]
+    for mistake, text, answer in zip(mistakes, shown, answers):
+        assert f"Action: {mistake}\nObservation: Nothing happens." in text
+        assert answer.kind == "reflect"                                 # the turn after a failure reflects
+    # a mistake takes one of the episode's turns, as a failed answer does in the rollout
+    world = KitchenWorld()
+    pairs = play_agent(world, "clean", 0, 0, 0.0, prompt, window=1, max_turns=3, phrasing=PHRASING, mistake_rate=1.0)
+    assert len(world.stepped) == 3 and len(pairs) == 1
+
+
+
+def test_agent_corpus_wanders_to_another_place_before_a_gold_go_to(prompt):
+    from derl_jax.domains.alfworld.rules import PHRASING
+    from derl_jax.domains.scienceworld.corpus import play_agent
+
+    world = KitchenWorld()
+    pairs = play_agent(world, "clean", 0, 0, 0.0, prompt, window=1, max_turns=20, phrasing=PHRASING, wander_rate=1.0)
+    taught = [AP.parse_answer(prompt.table.tokenizer.decode(answer)).action for _, answer in pairs]
+    # before the first gold go to, the other place; before the second, no other place is left to go to
+    assert taught == ["go to sinkbasin 1"] + KitchenWorld.GOLD
+    assert all(legal for _, legal in world.stepped)
+
+
+def test_mistakes_are_later_gold_actions_put_where_the_agent_is():
+    from derl_jax.domains.scienceworld.corpus import mistake
+
+    rng = np.random.default_rng(0)
+    gold_left = ["go to countertop 1", "take pan 1 from countertop 1", "put pan 1 in countertop 10"]
+    admissible = ["go to countertop 1", "look", "inventory"]
+    drawn = {mistake(rng, gold_left, "sinkbasin 1", admissible) for _ in range(200)}
+    assert drawn == {"take pan 1 from countertop 1", "take pan 1 from sinkbasin 1", "put pan 1 in countertop 10",
+                     "go to sinkbasin 1"}   # countertop 10 is another place: not rewritten
+    assert mistake(rng, gold_left, None, admissible + gold_left) is None
+    assert {mistake(rng, ["take pan 1 from countertop 1", "go to sinkbasin 1"], "countertop 1", ["look"])
+            for _ in range(100)} == {"go to sinkbasin 1", "go to countertop 1"}
