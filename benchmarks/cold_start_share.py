@@ -199,8 +199,7 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
         def measure(split, params, record):
             return engine_answer_shares(domain, evaluator, split, params, record)
     policy = ml_collections.ConfigDict({"sft_steps": args.steps, "sft_lr": args.lr, "sft_batch_size": args.batch,
-                                        "sft_perturb_rate": args.perturb, "sft_mistake_rate": args.mistakes,
-                                        "sft_wander_rate": args.wander})
+                                        "sft_perturb_rate": args.perturb})
     cfg = dataclasses.replace(sft.sft_config_from(policy, seed), final_lr_fraction=args.final_lr_fraction)
     holdout = list(range(args.num_train, args.num_train + args.num_val))
     # every pass plays the training games again with its own detours (pass 0 is the run's own corpus)
@@ -267,10 +266,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--perturb", type=float, default=0.1)
-    parser.add_argument("--mistakes", type=float, default=0.0,
-                        help="alfworld: share of gold actions preceded by a shown, untaught mistake")
-    parser.add_argument("--wander", type=float, default=0.0,
-                        help="alfworld: share of gold `go to`s preceded by going to another place")
     parser.add_argument("--final-lr-fraction", type=float, default=0.1)
     parser.add_argument("--sampled", action="store_true",
                         help="household: also the test shares of answers sampled at temperature 1")

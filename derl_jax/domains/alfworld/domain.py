@@ -17,9 +17,7 @@ Config block `domain` (configs/alfworld.py):
 Token ids: with `config.policy.tokenizer` or `config.policy.checkpoint` the policy's own
 tokenizer (`scienceworld.subword`); otherwise a word vocabulary (`scienceworld.vocab`) of
 ALFWorld's grammar, the action verbs, numbers 1..99 and every game's goal and entity names.
-Policy block options read by the warm-start corpus: sft_perturb_rate (default 0.3) and, in the
-agent prompt, sft_mistake_rate (share of gold actions preceded by a shown, untaught mistake;
-default 0.0).
+Policy block options read by the warm-start corpus: sft_perturb_rate (default 0.3).
 
 A split is a TokenDataset: prompts = <bos> + "Your task is to: <goal>." (left padded), context
 = {"game": i32[M]} (index into env.games: training games first). Primitives: the agent family
@@ -56,8 +54,6 @@ from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 
 DEFAULT_PERTURB_RATE = 0.3
-DEFAULT_MISTAKE_RATE = 0.0
-DEFAULT_WANDER_RATE = 0.0
 DEFAULT_ADMISSIBLE_LENGTH = 256   # ours: tokens of the admissible-actions line of an agent prompt
 VERBS = "go to take from move to open close use heat clean cool with examine look inventory"
 _ENTITY = re.compile(r"^\s*(\w+?)_bar_\S*\s+-\s+(?:object|receptacle)\s*$", re.MULTILINE)
@@ -196,16 +192,13 @@ def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), op
     """(prompt ids, answer ids): the planner's turns of each training row except `holdout_rows`
     in the agent prompt (`scienceworld.corpus.play_agent`)."""
     rate, keep = sw_corpus.corpus_rows("alfworld", domain.train.size, holdout_rows, options, DEFAULT_PERTURB_RATE)
-    mistakes = float((options or {}).get("sft_mistake_rate", DEFAULT_MISTAKE_RATE))
-    wander = float((options or {}).get("sft_wander_rate", DEFAULT_WANDER_RATE))
     env, games = domain.env, domain.train.context["game"]
 
     def play_rows(worker: int) -> list[list[tuple[list[int], list[int]]]]:
         expert = ExpertGame(env, worker)
         return [sw_corpus.play_agent(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate,
                                      env.prompt, window=domain.history, max_turns=env.max_turns,
-                                     phrasing=rules.PHRASING, self_guide=env.self_guide, mistake_rate=mistakes,
-                                     wander_rate=wander)
+                                     phrasing=rules.PHRASING, self_guide=env.self_guide)
                 for row in keep[worker::env.workers.size]]
 
     return _played_over_workers(env, len(keep), play_rows)
@@ -290,8 +283,6 @@ def validate_alfworld_config(cfg: Any) -> None:
     if "admissible_length" in config_value(cfg, "domain"):
         int_at_least(cfg, "domain.admissible_length", 16)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
-    optional_fraction(cfg, "policy.sft_mistake_rate", DEFAULT_MISTAKE_RATE)
-    optional_fraction(cfg, "policy.sft_wander_rate", DEFAULT_WANDER_RATE)
     try:
         require_engine()
     except InputError as err:

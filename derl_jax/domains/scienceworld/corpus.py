@@ -22,7 +22,6 @@ on the first turn. A random action keeps that sensible word; only the action is 
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import numpy as np
@@ -33,7 +32,6 @@ from derl_jax.domains.scienceworld.vocab import Vocabulary
 
 PREFERRED_TAGS = (T.PLAN, T.REFLECT, T.EXPLORE, T.ACT)
 HARMLESS = ("inventory", "look around")
-_DETOUR, _WANDER, _MISTAKE = object(), object(), object()   # markers in `play_agent`'s plan
 
 
 def corpus_rows(domain_name: str, train_size: int, holdout_rows: Sequence[int], options, default_rate: float
@@ -114,34 +112,9 @@ def _ids(row: np.ndarray, vocab: Vocabulary) -> list[int]:
     return [int(i) for i in row if i != vocab.pad_id]
 
 
-def _before_gold(rng: np.random.Generator, step, mistake_rate: float, wander_rate: float) -> list:
-    """The markers `play_agent` puts before plan entry `step` (none before a detour): a wander
-    before a gold `go to` with probability `wander_rate`, then a mistake with `mistake_rate`."""
-    if step is _DETOUR:
-        return []
-    wander = [_WANDER] if step.startswith("go to ") and rng.random() < wander_rate else []
-    return wander + ([_MISTAKE] if rng.random() < mistake_rate else [])
-
-
-def mistake(rng: np.random.Generator, gold_left: Sequence[str], here: str | None, admissible: Sequence[str]
-            ) -> str | None:
-    """A mistake `play_agent` shows but does not teach, one the engine does not admit now: a gold
-    action after the next one (`gold_left[0]`); when the next one goes to a place, a later gold
-    action with that place put as `here` (the place the agent is at: the thing it wants is not
-    here); or going to `here`. None when the engine admits them all."""
-    later = list(gold_left[1:])
-    if here and gold_left and gold_left[0].startswith("go to "):
-        there = gold_left[0][len("go to "):]
-        later += [re.sub(rf"\b{re.escape(there)}\b", here, a) for a in later]
-    wrong = list(dict.fromkeys(later + ([f"go to {here}"] if here else [])))
-    wrong = [a for a in wrong if a not in admissible]
-    return wrong[rng.integers(len(wrong))] if wrong else None
-
-
 def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float, prompt, *, window: int,
                max_turns: int, simplifications: str = "easy", phrasing: T.Phrasing = T.SCIENCEWORLD,
-               self_guide: bool = False, mistake_rate: float = 0.0, wander_rate: float = 0.0
-               ) -> list[tuple[list[int], list[int]]]:
+               self_guide: bool = False) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) per turn of one perturbed gold episode in the agent prompt
     (`derl_jax.domains.agent_prompt`) of a pretrained policy: the task prompt, then the last
     `window` observation rows (`AgentPrompt.row`: the action taken, the engine's answer, the
@@ -150,14 +123,8 @@ def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float
     reasoning and the action (`agent_prompt.write_answer`), with the expert's assessment
     sentence first under Self-Guide. Before each gold action, with probability `perturb_rate`,
     a harmless admissible action (look, inventory, examine) is taken instead; the gold action
-    follows. With probability `wander_rate` a gold `go to <place>` is preceded by going to
-    another place the engine admits (taught: where a searched-for thing is, is not known). With
-    probability `mistake_rate` a gold action is preceded by a mistake (`mistake`: a later gold
-    action, that action at the place the agent is at instead of the gold one, or going to the
-    place the agent is at, that the engine does not admit now); the mistake takes a turn and is
-    shown with the engine's answer but is not taught, so the corpus teaches what to do after a
-    failed action. Turns whose answer would not fit the
-    policy's answer length are played, not kept. A gold action the engine does not admit (ScienceWorld's gold paths open doors that its easy
+    follows. Turns whose answer would not fit the policy's answer length are played, not kept.
+    A gold action the engine does not admit (ScienceWorld's gold paths open doors that its easy
     simplification has already opened) is played silently: the world stays on the gold path, but
     the turn is neither taught nor shown, so every taught action is one the prompt could list."""
     from derl_jax.domains.agent_prompt import write_answer
@@ -171,42 +138,25 @@ def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float
     rows = [prompt.row(None, first, admissible)]
     tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
     score, pairs, assessment, turns = 0.0, [], selfguide.NEUTRAL, 0
-    plan = [a for g in gold for a in ([_DETOUR] if rng.random() < perturb_rate else []) + [g]]
-    if mistake_rate > 0 or wander_rate > 0:
-        plan = [b for a in plan for b in _before_gold(rng, a, mistake_rate, wander_rate) + [a]]
-    played_gold, here = 0, None
+    plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
     for step in plan:
         if turns == max_turns:
             break
-        teach = True
-        if step is _DETOUR:
+        if step is None:
             harmless = [a for a in admissible if a.split()[:1] in (["look"], ["inventory"], ["examine"])]
             step = harmless[rng.integers(len(harmless))] if harmless else HARMLESS[0]
-        elif step is _WANDER:
-            there = gold[played_gold][len("go to "):]
-            elsewhere = [a for a in admissible if a.startswith("go to ") and a != f"go to {there}"]
-            if not elsewhere:
-                continue
-            step = elsewhere[rng.integers(len(elsewhere))]
-        elif step is _MISTAKE:
-            step, teach = mistake(rng, gold[played_gold:], here, admissible), False
-            if step is None:
-                continue
-        else:
-            played_gold += 1
-            if step not in admissible:   # played silently (docstring)
-                _, score, completed = worker.step(step)
-                if completed:
-                    break
-                admissible = worker.admissible()
-                continue
+        elif step not in admissible:   # played silently (docstring)
+            _, score, completed = worker.step(step)
+            if completed:
+                break
+            admissible = worker.admissible()
+            continue
         turns += 1
         observation, new_score, completed = worker.step(step)
-        here = step[len("go to "):] if step.startswith("go to ") and teach else here
         kind = correct_tag(tracker, step, observation)
         T.score_step(tracker, kind, step, observation, new_score > score)
         answer = prompt.table.tokens(write_answer(kind, step, assessment if self_guide else None))
-        if teach and (not prompt.answer_length or len(answer) < prompt.answer_length):
+        if not prompt.answer_length or len(answer) < prompt.answer_length:
             pairs.append((task_ids + prompt.window_ids(rows[-window:]), answer))
         assessment = selfguide.assessment_after(new_score - score, tracker.last_failed)
         score = new_score
