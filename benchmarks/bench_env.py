@@ -125,8 +125,7 @@ def bench_scienceworld(settings: dict) -> list[dict]:
 def bench_alfworld(settings: dict) -> list[dict]:
     try:
         from derl_jax.domains.alfworld import AlfWorldEnv, KINDS, generate_games, require_engine
-        from derl_jax.domains.alfworld.domain import make_vocabulary
-        from derl_jax.domains.alfworld.expert import entity_names
+        from derl_jax.domains.alfworld.domain import entity_names, make_vocabulary
         from derl_jax.domains.alfworld.problems import type_split
 
         require_engine()

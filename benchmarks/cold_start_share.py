@@ -19,13 +19,8 @@ the test games (the domain's test split) never reach it. It trains as `train_sft
 steps) so that the shares can be read along the run: at every checkpoint the greedy shares over every turn of the
 validation and the test episodes (`answer_shares`, the slow test's measure). The reported
 "after" share is the final checkpoint's; `selected` is the test share of the checkpoint with
-the best validation share (chosen on validation games only). On ALFWorld, `--relabel-rounds` R
-continues as a run's cold start does with `policy.sft_relabel_rounds`: each round the policy plays
-every corpus game (--relabel-passes times, sampled at temperature 1; `sft.played_labels`), the
-planner labels every turn it played, and --relabel-steps more steps (a fresh schedule) train on the
-corpus with every label so far, measured as above; `--save-cold-start` / `--load-cold-start` keep
-the cold start's params so later runs with the same arguments start from it. Rows per (seed,
-checkpoint); the summary gives mean and per-seed figures. A model/SFT seed makes the checkpoint's weights, the
+the best validation share (chosen on validation games only). Rows per (seed, checkpoint); the
+summary gives mean and per-seed figures. A model/SFT seed makes the checkpoint's weights, the
 corpus's detours and the batch order.
 """
 
@@ -181,40 +176,6 @@ def segment_fn(graphdef, cfg, data):
     return jax.jit(run, static_argnums=3), optimizer
 
 
-def last_step(args) -> int:
-    """The step of a run's last checkpoint: the cold start's steps, then every relabelling round's."""
-    return args.steps + args.relabel_rounds * args.relabel_steps
-
-
-def train_segments(run, params, opt_state, start: int, steps: int, shares, rows: list, start_wall: float,
-                   offset: int = 0):
-    """`steps` steps of `run` from schedule step `start`, measured every --eval-every steps (rows
-    appended, step numbers shifted by `offset`) -> the params."""
-    every = shares.every or steps
-    done = 0
-    while done < steps:
-        count = min(every, steps - done)
-        params, opt_state, losses = run(params, opt_state, done, count)
-        done += count
-        rows.append(shares(offset + done, np.asarray(losses), params))
-        print(json.dumps({**rows[-1], "elapsed_s": round(time.perf_counter() - start_wall, 1)}), flush=True)
-    return params
-
-
-def relabel_round(domain, args, params, graphdef, seed: int, round_: int) -> tuple[list, float]:
-    """One relabelling round (`sft.played_labels`, the cold start's `policy.sft_relabel_rounds`):
-    the policy plays every corpus game --relabel-passes times, sampled at temperature 1, and the
-    planner labels every turn -> (labels, admissible share of the played answers)."""
-    from derl_jax.rl import sft
-
-    holdout = np.arange(args.num_train, args.num_train + args.num_val)
-    rows = np.setdiff1d(np.arange(domain.train.size), holdout)
-    count_answers(domain, None)
-    labels = [pair for play in range(args.relabel_passes) for pair in sft.played_labels(
-        domain, graphdef, params, rows, jax.random.key(1000 * (seed + 1) + 10 * round_ + play))]
-    return labels, round(domain.env.counts.shares()["admissible"], 4)
-
-
 def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict]:
     """One seed's rows: the shares before the cold start and at each checkpoint (module docstring)."""
     from derl_jax.models import hf
@@ -248,13 +209,13 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
     run, optimizer = segment_fn(graphdef, cfg, data)
     opt_state = optimizer.init(params)
 
-    def shares(step: int, losses, params) -> dict:
+    def shares(step: int, losses) -> dict:
         row = {"seed": seed, "step": step, "corpus_turns": data.size,
                "loss": float(np.mean(losses)) if losses is not None else None}
         for name, split in (("validation", validation), ("test", domain.test)):
             if split is None:
                 continue
-            record = [] if name == "test" and step == last_step(args) else None
+            record = [] if name == "test" and step == args.steps else None
             got = measure(split, params, record)
             if record is not None:
                 row["test_answers"] = record[: args.show]
@@ -271,27 +232,15 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
             row["test_sampled_distinct_actions"] = len({action for action, _ in record})
         return row
 
-    shares.every = args.eval_every
-    rows = [shares(0, None, params)]
-    if args.load_cold_start:   # the cold start of an earlier run with the same arguments (its last checkpoint)
-        params = sft.load_arrays_into(args.load_cold_start, params)
-        rows.append(shares(args.steps, None, params))
-    else:
-        params = train_segments(run, params, opt_state, 0, args.steps, shares, rows, start_wall)
-    if args.save_cold_start:
-        sft.save_policy(args.save_cold_start, params, jnp.zeros((0,), jnp.float32))
-    pairs = list(corpus)
-    for round_ in range(args.relabel_rounds):   # DAgger: the planner's labels at the states the policy reaches
-        labels, played_share = relabel_round(domain, args, params, graphdef, seed, round_)
-        pairs += labels
-        data = sft.trim_padding(sft.encode_corpus(domain.tokenizer, pairs, int(domain.prompt_length),
-                                                  int(domain.max_new_tokens)))
-        round_cfg = dataclasses.replace(cfg, steps=args.relabel_steps, seed=cfg.seed + 1 + round_)
-        run, optimizer = segment_fn(graphdef, round_cfg, data)
-        first = args.steps + round_ * args.relabel_steps
-        rows[-1].update({"relabelled_turns": len(labels), "relabel_play_admissible": played_share})
-        params = train_segments(run, params, optimizer.init(params), first, args.relabel_steps, shares, rows,
-                                start_wall, offset=first)
+    rows = [shares(0, None)]
+    every = args.eval_every or args.steps
+    done = 0
+    while done < args.steps:
+        count = min(every, args.steps - done)
+        params, opt_state, losses = run(params, opt_state, done, count)
+        done += count
+        rows.append(shares(done, np.asarray(losses)))
+        print(json.dumps({**rows[-1], "elapsed_s": round(time.perf_counter() - start_wall, 1)}), flush=True)
     for row in rows:
         row["cpu_s"] = round(cpu_seconds() - start_cpu, 1)
         row["wall_s"] = round(time.perf_counter() - start_wall, 1)
@@ -325,16 +274,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--eval-every", type=int, default=0, help="measure every this many steps (0: at the end)")
     parser.add_argument("--show", type=int, default=24,
                         help="test answers (action, admissible) and failed answers kept per seed at the end")
-    parser.add_argument("--relabel-rounds", type=int, default=0,
-                        help="alfworld: relabelling rounds after the cold start (the planner labels the states the "
-                             "policy reaches; config.policy.sft_relabel_rounds)")
-    parser.add_argument("--relabel-steps", type=int, default=600, help="SFT steps after each relabelling round")
-    parser.add_argument("--relabel-passes", type=int, default=1,
-                        help="plays of the corpus games per round (1 in a run's cold start)")
-    parser.add_argument("--save-cold-start", default="", help="write the cold start's params here (.npz)")
-    parser.add_argument("--load-cold-start", default="",
-                        help="start from these params (.npz of --save-cold-start, same arguments) instead of "
-                             "training the cold start")
     parser.add_argument("--out", default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
     # read before the engines load: ALFWorld's loader rewrites sys.argv
@@ -346,14 +285,14 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         rows = [row for seed in args.seeds for row in measure_seed(domain, validation, args, seed, workdir)]
     summary = {}
-    finals = [r for r in rows if r["step"] == last_step(args)]
+    finals = [r for r in rows if r["step"] == args.steps]
     befores = [r for r in rows if r["step"] == 0]
     for name in ("test_well_formed", "test_admissible", "validation_admissible"):
         if name in finals[0]:
             summary[f"before / {name} mean"] = round(statistics.mean(r[name] for r in befores), 4)
             summary[f"after / {name} mean"] = round(statistics.mean(r[name] for r in finals), 4)
             summary[f"after / {name} per seed"] = [round(r[name], 4) for r in finals]
-    late = [r for r in rows if r["step"] >= last_step(args) // 2]
+    late = [r for r in rows if r["step"] >= args.steps // 2]
     summary["test_admissible min over checkpoints in the second half"] = round(min(r["test_admissible"] for r in late), 4)
     if validation is not None:
         selected = []

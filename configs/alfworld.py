@@ -72,9 +72,7 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
   trust.*    Self-Guide's trust schedule (methods `self_guide*`; configs/common.py)
   policy.*   the policy: checkpoint / tokenizer (local Hugging Face directories; "" = a scratch
              policy on the domain's word vocabulary, warm-started on the planner's plans:
-             sft_steps, sft_lr, sft_batch_size, sft_perturb_rate); with a checkpoint,
-             sft_relabel_rounds / sft_relabel_steps relabel the states the cold-started policy
-             reaches with the planner's actions and train on them (default 0 rounds)
+             sft_steps, sft_lr, sft_batch_size, sft_perturb_rate)
 """
 
 from __future__ import annotations

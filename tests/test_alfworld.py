@@ -14,8 +14,7 @@ from configs import alfworld as alf_config
 from derl_jax.config import InputError, validate
 from derl_jax.domains.alfworld import problems as P
 from derl_jax.domains.alfworld import rules
-from derl_jax.domains.alfworld.domain import make_vocabulary
-from derl_jax.domains.alfworld.expert import task_text
+from derl_jax.domains.alfworld.domain import make_vocabulary, task_text
 from derl_jax.domains.alfworld.engine import Game
 from derl_jax.domains.alfworld.env import AlfWorldEnv, EngineMissing
 from derl_jax.domains.alfworld.splits import level_games, read_games

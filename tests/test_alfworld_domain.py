@@ -27,9 +27,6 @@ def test_registered_with_the_agent_primitives():
     ("domain.num_workers", -1, "config.domain.num_workers"),
     ("domain.obs_length", 4, "config.domain.obs_length"),
     ("policy.sft_perturb_rate", 1.5, "config.policy.sft_perturb_rate"),
-    ("policy.sft_relabel_rounds", -1, "config.policy.sft_relabel_rounds must be >= 0"),
-    ("policy.sft_relabel_rounds", 1, "sft_relabel_rounds > 0 relabels the cold start of a checkpoint"),
-    ("policy.sft_relabel_steps", 1.5, "config.policy.sft_relabel_steps must be an integer"),
 ])
 def test_bad_fields_are_named(field, value, message):
     cfg = alf_config.get_config("tiny")

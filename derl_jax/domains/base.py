@@ -96,10 +96,6 @@ class Domain:
     corpus: optional `corpus(seed, holdout_rows, options) -> [(prompt text, completion text)]`,
       the supervised corpus of the warm-start base policy (`derl_jax.rl.sft`); holdout_rows
       are training rows to leave out, options the `config.policy` block.
-    relabel: optional `relabel(play) -> [(prompt, answer)]`, the expert's answer at every turn
-      of the episodes `play()` plays (one rollout of the current policy over training rows):
-      DAgger's labels for the states a policy reaches, added to the cold start's corpus by
-      `policy.sft_relabel_rounds` (`derl_jax.rl.sft.relabelled_cold_start`).
     info: anything else worth recording (split sizes, levels, ...).
     base_policy_band: {primitive name: (low, high)}, a known-answer domain's declared difficulty:
       the mean of each named primitive over completions sampled from the warm-started base policy
@@ -128,7 +124,6 @@ class Domain:
     history: int | str = 2
     prompt_budget: int = 0
     corpus: Callable[[int, Sequence[int], Any], list[tuple[str, str]]] | None = None
-    relabel: Callable[[Callable[[], Any]], list[tuple[Any, Any]]] | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     base_policy_band: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     aligned_indices: tuple[int, ...] = ()

@@ -28,21 +28,11 @@ from derl_jax.selfguide import SELF_REWARD_PRIMITIVE
 
 
 def check_policy_block(cfg: Any) -> None:
-    """The policy's model sizes and its supervised warm start (with its relabelling rounds)."""
+    """The policy's model sizes and its supervised warm start."""
     model_sizes(cfg, "policy")
     int_at_least(cfg, "policy.sft_steps", 0)
     number(cfg, "policy.sft_lr", minimum=0.0, strict=True)
     int_at_least(cfg, "policy.sft_batch_size", 1)
-    if has_field(cfg, "policy.sft_relabel_steps"):
-        int_at_least(cfg, "policy.sft_relabel_steps", 0)
-    if has_field(cfg, "policy.sft_relabel_rounds") and int_at_least(cfg, "policy.sft_relabel_rounds", 0):
-        kind = config_value(cfg, "domain.kind") if has_field(cfg, "domain.kind") else None
-        checkpoint = str(config_value(cfg, "policy.checkpoint") if has_field(cfg, "policy.checkpoint") else "").strip()
-        if kind != "alfworld" or not checkpoint or not int(config_value(cfg, "policy.sft_steps")):
-            raise ConfigError("config.policy.sft_relabel_rounds > 0 relabels the cold start of a checkpoint with "
-                              "ALFWorld's planner: it needs domain.kind='alfworld', policy.checkpoint and "
-                              f"policy.sft_steps > 0 (got kind {kind!r}, checkpoint {checkpoint!r}, "
-                              f"sft_steps {config_value(cfg, 'policy.sft_steps')})")
 
 
 def check_inner_block(cfg: Any) -> None:

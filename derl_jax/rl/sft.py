@@ -50,9 +50,6 @@ from derl_jax.domains.base import FULL_HISTORY, Domain
 from derl_jax.models.sampling import sequence_logprobs
 from derl_jax.models.streams import stream_logprobs
 from derl_jax.models.transformer import ModelConfig, abstract_model, default_compute_dtype, init_params, tiny_config
-from derl_jax.rl import rollout
-from derl_jax.rl.config import InnerConfig
-from derl_jax.rl.grpo import GRPOConfig
 
 # Bump when a change to this module changes the policy it builds for the same inputs.
 SFT_CODE_VERSION = 1   # episodes packed as streams (full history) are new data, so they make new keys
@@ -414,11 +411,9 @@ def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy
     corpus = domain_corpus(domain, seed, holdout_rows, policy_cfg)
     data = trim_padding(encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length),
                                       int(domain.max_new_tokens)))
-    rounds, round_steps = relabel_settings(domain, policy_cfg)
     description = {"code_version": SFT_CODE_VERSION, "domain": domain.name, "source": str(source),
                    "model": repr(config_of(graphdef, params)), "sft": dataclasses.asdict(sft_cfg),
-                   "data": _array_digest(data),
-                   **({"relabel": {"rounds": rounds, "steps": round_steps}} if rounds else {})}
+                   "data": _array_digest(data)}
     key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
     path = os.path.join(os.fspath(cache_dir), f"cold_start_{key[:24]}.npz")
     if os.path.exists(path):
@@ -428,62 +423,13 @@ def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy
             warnings.warn(f"cold_start: cached policy {path} is unreadable ({type(err).__name__}: {err}); "
                           f"training it again", stacklevel=2)
     params, losses = train_sft(graphdef, params, data, sft_cfg)
-    labels = []
-    if rounds:
-        rows = np.setdiff1d(np.arange(domain.train.size), np.asarray(holdout_rows, np.int64).reshape(-1))
-        params, labels, more = relabelled_cold_start(domain, graphdef, params, corpus, sft_cfg, rounds, round_steps,
-                                                     rows)
-        losses = jnp.concatenate([losses, more])
     os.makedirs(os.fspath(cache_dir), exist_ok=True)
     save_policy(path, params, losses)
     losses = np.asarray(losses, np.float64)
     atomic_write_json(path[: -len(".npz")] + ".json", {
-        **description, "cache_key": key, "corpus_size": data.size, "relabelled_turns": labels,
+        **description, "cache_key": key, "corpus_size": data.size,
         "first_loss": float(losses[0]), "final_loss": float(losses[-1])})
     return params
-
-
-def relabel_settings(domain: Domain, policy_cfg: Any) -> tuple[int, int]:
-    """(rounds, steps per round) of the cold start's relabelling: `policy.sft_relabel_rounds`
-    (default 0) and `policy.sft_relabel_steps` (default half of sft_steps); a domain without
-    `Domain.relabel` cannot have rounds."""
-    rounds = int(_optional_field(policy_cfg, "sft_relabel_rounds", 0))
-    steps = int(_optional_field(policy_cfg, "sft_relabel_steps", 0)) or max(int(_field(policy_cfg, "sft_steps", "cold_start")) // 2, 1)
-    if rounds and domain.relabel is None:
-        raise ValueError(f"config.policy.sft_relabel_rounds={rounds}: domain {domain.name!r} has no expert to label "
-                         f"the states a policy reaches (only ALFWorld's planner does); set it to 0")
-    return rounds, steps
-
-
-def relabelled_cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, corpus: list, sft_cfg: SFTConfig,
-                          rounds: int, steps: int, rows: np.ndarray) -> tuple[nnx.State, list[int], jax.Array]:
-    """DAgger after the cold start: each round the policy plays one episode per training row in
-    `rows`, sampled at temperature 1 (`played_labels`), the domain's expert labels every turn it
-    played (`Domain.relabel`), and `steps` more supervised steps (a fresh optimizer and schedule,
-    seed `sft_cfg.seed + 1 + round`) train on the corpus with every label so far ->
-    (params, labels per round, the rounds' losses f32[rounds * steps])."""
-    counts, losses = [], []
-    for round_ in range(rounds):
-        labels = played_labels(domain, graphdef, params, rows, jax.random.key(1000 * (sft_cfg.seed + 1) + 10 * round_))
-        corpus = list(corpus) + labels
-        counts.append(len(labels))
-        data = trim_padding(encode_corpus(domain.tokenizer, corpus, int(domain.prompt_length),
-                                          int(domain.max_new_tokens)))
-        params, more = train_sft(graphdef, params, data,
-                                 dataclasses.replace(sft_cfg, steps=steps, seed=sft_cfg.seed + 1 + round_))
-        losses.append(more)
-    return params, counts, jnp.concatenate(losses)
-
-
-def played_labels(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, rows: np.ndarray, key: jax.Array) -> list:
-    """The domain's expert labels (`Domain.relabel`) at every turn of one episode per training row
-    in `rows`, played by the policy with answers sampled at temperature 1 (as GRPO's rollouts are)."""
-    split = domain.train.take(np.asarray(rows))
-    cfg = InnerConfig(steps=1, prompts_per_step=1, group_size=1, max_new_tokens=domain.max_new_tokens,
-                      temperature=1.0, eval_batch_size=split.size, grpo=GRPOConfig(learning_rate=1e-3),
-                      kl_metric=False)
-    run = jax.jit(rollout.device_rollout(domain, graphdef, cfg).fn, static_argnums=3)
-    return domain.relabel(lambda: jax.block_until_ready(run(params, split, key, False)))
 
 
 def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *, seed: int = 0,

@@ -29,7 +29,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,10 +41,9 @@ from derl_jax.config import (ConfigError, InputError, choice, config_value, int_
                              optional_fraction)
 from derl_jax.domains import agent_prompt, selfguide
 from derl_jax.domains.alfworld import problems as P
-from derl_jax.domains.alfworld import relabel, rules
+from derl_jax.domains.alfworld import rules
 from derl_jax.domains.alfworld.engine import game_logic
 from derl_jax.domains.alfworld.env import NOTHING, AlfWorldEnv, require_engine
-from derl_jax.domains.alfworld.expert import ExpertGame, entity_names, played_over_workers, task_text
 from derl_jax.domains.alfworld.splits import LEVELS, data_problem, expand_data_dir, level_games
 from derl_jax.domains.base import Domain, TokenDataset
 from derl_jax.domains.registry import register_domain
@@ -55,6 +56,23 @@ from primitives.agent import AGENT_PRIMITIVES
 DEFAULT_PERTURB_RATE = 0.3
 DEFAULT_ADMISSIBLE_LENGTH = 256   # ours: tokens of the admissible-actions line of an agent prompt
 VERBS = "go to take from move to open close use heat clean cool with examine look inventory"
+_ENTITY = re.compile(r"^\s*(\w+?)_bar_\S*\s+-\s+(?:object|receptacle)\s*$", re.MULTILINE)
+
+
+def task_text(game: P.GameSpec) -> str:
+    """The task line of a game's prompt: "Your task is to: <goal>."."""
+    return f"Your task is to: {game.goal}."
+
+
+def entity_names(game: P.GameSpec) -> set[str]:
+    """The type names of a game's objects and receptacles as ALFWorld names them ("apple", "sinkbasin")."""
+    if isinstance(game.source, dict):
+        problem = game.source["pddl_problem"]
+    else:
+        with open(game.source) as f:
+            problem = json.load(f)["pddl_problem"]
+    return {name.lower() + ("basin" if "basin" in line.lower() else "")
+            for name, line in ((m.group(1), m.group(0)) for m in _ENTITY.finditer(problem))}
 
 
 def grammar_words() -> set[str]:
@@ -155,8 +173,18 @@ def make_agent_domain(cfg: Any, tokenizer_dir: str) -> Domain:
               "train_games": [[g.kind, g.goal] for g in train], "test_games": [[g.kind, g.goal] for g in test],
               "vocab_size": table.vocab_size},
     )
-    return dataclasses.replace(domain, corpus=functools.partial(agent_corpus, domain),
-                               relabel=lambda play: relabel.relabel_played(domain, play))
+    return dataclasses.replace(domain, corpus=functools.partial(agent_corpus, domain))
+
+
+def _played_over_workers(env: Any, num_rows: int, play_rows: Any) -> list:
+    """The turns of `num_rows` episodes, row r played by worker r % workers (`play_rows(worker)`
+    returns that worker's episodes in row order), flattened in row order."""
+    with ThreadPoolExecutor(env.workers.size) as pool:
+        per_worker = list(pool.map(play_rows, range(env.workers.size)))
+    episodes = [None] * num_rows
+    for worker, played in enumerate(per_worker):
+        episodes[worker::env.workers.size] = played
+    return [pair for episode in episodes for pair in episode]
 
 
 def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
@@ -173,7 +201,49 @@ def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), op
                                      phrasing=rules.PHRASING, self_guide=env.self_guide)
                 for row in keep[worker::env.workers.size]]
 
-    return played_over_workers(env, len(keep), play_rows)
+    return _played_over_workers(env, len(keep), play_rows)
+
+
+class ExpertGame:
+    """One game played with the planner, behind the engine interface `scienceworld.corpus.play`
+    uses: `load(kind, game)` starts game `game` of the env, `gold_actions()` is the planner's plan
+    from the start, `step` answers (observation, subgoals completed so far, won)."""
+
+    def __init__(self, env: AlfWorldEnv, worker: int):
+        self.env, self.worker, self.slot = env, worker, -1
+        self.game: P.GameSpec | None = None
+        self.first, self.subgoals = "", 0
+
+    def load(self, task: str, variation: int, simplifications: str = "", gold_path: bool = True) -> None:
+        del task, simplifications, gold_path
+        if self.slot >= 0:
+            self.env.workers.run(self.worker, [("stop", self.slot)])
+        self.slot, self.game, self.subgoals = next(self.env._slots), self.env.games[int(variation)], 0
+        self.first = self.env.workers.run(self.worker, [("start", self.slot, int(variation), True)])[0]
+
+    def gold_actions(self) -> list[str]:
+        return self.env.workers.run(self.worker, [("plan", self.slot)])[0]
+
+    def admissible(self) -> list[str]:
+        return self.env.workers.run(self.worker, [("admissible", self.slot)])[0]
+
+    def vocabulary(self) -> set[str]:
+        return entity_names(self.game)
+
+    def task_description(self) -> str:
+        return task_text(self.game)
+
+    def reset(self, describe_task: bool = False) -> str:
+        return self.env.first_observation(self.first) if not describe_task else self.first
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        command = " ".join(action.lower().split())
+        if not rules.well_formed(command):
+            return NOTHING, float(self.subgoals), False
+        observation, won = self.env.workers.run(self.worker, [("step", self.slot, command, False)])[0]
+        g = self.game
+        self.subgoals += rules.subgoal(g.kind, g.obj, g.recep, g.toggle, observation)
+        return observation, float(self.subgoals), won
 
 
 def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
@@ -192,7 +262,7 @@ def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (
         return [sw_corpus.play(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate, env.vocab,
                                **settings) for row in keep[worker::env.workers.size]]
 
-    return played_over_workers(env, len(keep), play_rows)
+    return _played_over_workers(env, len(keep), play_rows)
 
 
 def validate_alfworld_config(cfg: Any) -> None:

@@ -24,8 +24,6 @@ Self-Guide (`self_guide=True`): every action starts with a self-assessment word
 self_reward f32[B] (its internal reward of `self_rewards`).
 
 Steps after `done` change nothing (zeros). The keys are accepted for the interface and not used.
-With `env.played` a list, every episode that ends appends (game, [(tag, action text)] per turn,
-the tag None where the action was not sent), the input of the planner's relabelling (relabel.py).
 """
 
 from __future__ import annotations
@@ -71,7 +69,6 @@ class Episode:
     won: bool = False
     done: bool = False
     turn: int = 0
-    steps: list = dataclasses.field(default_factory=list)   # (tag, action text) per turn; tag None: not sent
 
 
 class AlfWorldEnv:
@@ -92,7 +89,6 @@ class AlfWorldEnv:
             self.obs_length, self.prompt_layout = prompt.row_length, prompt.layout
         self.workers = Workers([g.source for g in self.games], num_workers)
         self._slots = itertools.count()
-        self.played: list | None = None   # a list: every finished episode's (game, steps) is appended
 
     def first_observation(self, text: str) -> str:
         return text if self.describe_task else rules.room_of(text)
@@ -159,13 +155,10 @@ class AlfWorldEnv:
             observation, won = answers_of.get(b, (NOTHING, False))
             spec = self.games[episode.game]
             achieved = rules.subgoal(spec.kind, spec.obj, spec.recep, spec.toggle, observation)
-            read_tag = tag if b in answers_of else None
-            step_score[b] = T.score_step(episode.tracker, read_tag, command, observation, achieved)
+            step_score[b] = T.score_step(episode.tracker, tag if b in answers_of else None, command, observation,
+                                         achieved)
             episode.turn, episode.won = episode.turn + 1, won
             episode.done = won or episode.turn >= self.max_turns
-            episode.steps.append((read_tag, command))
-            if episode.done and self.played is not None:
-                self.played.append((episode.game, list(episode.steps)))
             reward[b], valid[b] = float(won), float(not T.failed(observation))
             if self.prompt is None:
                 obs[b] = self.vocab.encode(observation, self.obs_length)
