@@ -7,7 +7,8 @@ held-out games that are well-formed and name an admissible action, before and af
 games; `scienceworld`: the task's variations), whose `tiny` preset runs with the checkpoint in
 the agent prompt; on an engine the shares are read from the environment's answer counts during
 the greedy test pass of a run (`evaluator.accuracy`). `--passes` K plays the training games K
-times, each pass with its own detours (more turns, the same games).
+times, each pass with its own detours (more turns, the same games). On ALFWorld `--expert` picks
+the corpus's expert (`policy.sft_expert`; search, the presets', by default).
 
 The policy is a tiny random Qwen2 over the Qwen2.5 tokenizer's vocabulary (or over --tokenizer's,
 a directory such as the compact one of tests/compact_tokenizer.py) written by `transformers`
@@ -199,7 +200,7 @@ def measure_seed(domain, validation, args, seed: int, workdir: str) -> list[dict
         def measure(split, params, record):
             return engine_answer_shares(domain, evaluator, split, params, record)
     policy = ml_collections.ConfigDict({"sft_steps": args.steps, "sft_lr": args.lr, "sft_batch_size": args.batch,
-                                        "sft_perturb_rate": args.perturb})
+                                        "sft_perturb_rate": args.perturb, "sft_expert": args.expert})
     cfg = dataclasses.replace(sft.sft_config_from(policy, seed), final_lr_fraction=args.final_lr_fraction)
     holdout = list(range(args.num_train, args.num_train + args.num_val))
     # every pass plays the training games again with its own detours (pass 0 is the run's own corpus)
@@ -269,6 +270,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--final-lr-fraction", type=float, default=0.1)
     parser.add_argument("--sampled", action="store_true",
                         help="household: also the test shares of answers sampled at temperature 1")
+    parser.add_argument("--expert", default="search", choices=["planner", "search"],
+                        help="alfworld: the corpus's expert (policy.sft_expert, the presets' search by default: "
+                             "the task's object looked for at the admissible list's places in order, then the "
+                             "planner; planner: the planner's plan, which goes straight to the object)")
     parser.add_argument("--passes", type=int, default=1,
                         help="the corpus plays the training games this many times, each with its own detours")
     parser.add_argument("--eval-every", type=int, default=0, help="measure every this many steps (0: at the end)")

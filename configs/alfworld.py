@@ -7,8 +7,9 @@ Presets (`--config=configs/alfworld.py:<preset>`):
            Qwen2.5-1.5B-Instruct policy prompted as the field prompts agents (chat template, task,
            recent history, admissible actions, RLVMR's reasoning tags, <action> tags;
            derl_jax/domains/agent_prompt.py) and cold-started on expert turns written that way
-           (policy.sft_*: 200 steps at 1e-5, 32 turns a step, 10% harmless detours: ours, the
-           paper gives no cold-start settings), a
+           (policy.sft_*: 200 steps at 1e-5, 32 turns a step, 10% harmless detours, an expert
+           that searches for the task's object in the order of the admissible list instead of
+           going where the planner knows it is: ours, the paper gives no cold-start settings), a
            Qwen2.5-0.5B-Instruct Meta-Optimizer from local directories (its training settings
            and sampling temperature 0.7 from the authors' scripts, and its grammar in the
            paper's operator set: configs/common.py META_HF, PAPER_GRAMMAR), 8 rewards per outer
@@ -71,8 +72,10 @@ Fields of this experiment (the shared blocks are documented in configs/common.py
              progress= / progress-, default (0.1, 0.0, -0.1))
   trust.*    Self-Guide's trust schedule (methods `self_guide*`; configs/common.py)
   policy.*   the policy: checkpoint / tokenizer (local Hugging Face directories; "" = a scratch
-             policy on the domain's word vocabulary, warm-started on the planner's plans:
-             sft_steps, sft_lr, sft_batch_size, sft_perturb_rate)
+             policy on the domain's word vocabulary), its warm start or cold start on expert
+             episodes: sft_steps, sft_lr, sft_batch_size, sft_perturb_rate, sft_expert ("search":
+             the task's object searched for in the admissible list's order, then the planner;
+             "planner": the planner's plan, which knows where the object is)
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ def default() -> ml_collections.ConfigDict:
               "self_guide": False, "self_rewards": (0.1, 0.0, -0.1)}
     policy = {"checkpoint": "/models/Qwen2.5-1.5B-Instruct", "tokenizer": "", "param_dtype": "float32",
               "compute_dtype": "bfloat16", "remat": True, **common.QWEN25_1_5B_SHAPE, "prompt_style": "auto",
-              "sft_steps": 200, "sft_lr": 1e-5, "sft_batch_size": 32, "sft_perturb_rate": 0.1}
+              "sft_steps": 200, "sft_lr": 1e-5, "sft_batch_size": 32, "sft_perturb_rate": 0.1,
+              "sft_expert": "search"}
     cfg = common.base("alfworld", domain, policy)
     cfg.inner.update(steps=40, prompts_per_step=16, group_size=8, lr=1e-6, kl=0.01, minibatches=8, eval_batch_size=64)
     common.hf_meta(cfg, "/models/Qwen2.5-0.5B-Instruct")

@@ -220,3 +220,40 @@ def test_worker_process_reports_errors_and_stops_on_close():
     finally:
         workers.close()
     assert all(proc.poll() == 0 for proc in procs)
+
+
+@pytest.mark.slow
+def test_search_expert_visits_the_listed_places_in_order_until_it_sees_the_object():
+    """`ExpertGame(search=True)`: until the task's object shows in an observation where the agent
+    stands, each action opens the closed place it stands at or goes to the first place of the
+    admissible list not yet visited; then the planner finishes the game (checked step by step
+    against a replay of the admissible lists)."""
+    from derl_jax.domains.alfworld.domain import ExpertGame
+
+    games = P.generate_games(("pick_and_place_simple", "pick_clean_then_place_in_recep"), 3, seed=5,
+                             objects=SEEN[0], receptacles=SEEN[1], lamps=SEEN[2])
+    searched_before_found = 0
+    with AlfWorldEnv(games, 0, vocab=make_vocabulary(games), obs_length=48, action_length=12, max_turns=40) as env:
+        for index, game in enumerate(games):
+            expert = ExpertGame(env, 0, search=True)
+            expert.load(game.kind, index)
+            visited, seen, closed_here, won = [], False, None, False
+            for action in expert.gold_actions():
+                admissible = expert.admissible()
+                assert action in admissible
+                if not seen:
+                    unvisited = [a for a in admissible if a.startswith("go to ") and a[6:] not in visited]
+                    expected = f"open {closed_here}" if closed_here else unvisited[0]
+                    assert action == expected
+                    searched_before_found += 1
+                observation, _, won = expert.step(action)
+                if action.startswith("go to "):
+                    visited.append(action[6:])
+                    closed_here = action[6:] if f"The {action[6:]} is closed." in observation else None
+                elif action.startswith("open "):
+                    closed_here = None
+                seen = seen or re.search(rf"\b{game.obj} \d+\b", observation) is not None
+                if won:
+                    break
+            assert won and seen
+    assert searched_before_found > len(games)   # the object was not always at the first place

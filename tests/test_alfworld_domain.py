@@ -27,6 +27,7 @@ def test_registered_with_the_agent_primitives():
     ("domain.num_workers", -1, "config.domain.num_workers"),
     ("domain.obs_length", 4, "config.domain.obs_length"),
     ("policy.sft_perturb_rate", 1.5, "config.policy.sft_perturb_rate"),
+    ("policy.sft_expert", "oracle", r"config.policy.sft_expert must be one of \('planner', 'search'\)"),
 ])
 def test_bad_fields_are_named(field, value, message):
     cfg = alf_config.get_config("tiny")

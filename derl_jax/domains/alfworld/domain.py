@@ -17,7 +17,10 @@ Config block `domain` (configs/alfworld.py):
 Token ids: with `config.policy.tokenizer` or `config.policy.checkpoint` the policy's own
 tokenizer (`scienceworld.subword`); otherwise a word vocabulary (`scienceworld.vocab`) of
 ALFWorld's grammar, the action verbs, numbers 1..99 and every game's goal and entity names.
-Policy block options read by the warm-start corpus: sft_perturb_rate (default 0.3).
+Policy block options read by the warm-start corpus: sft_perturb_rate (default 0.3); sft_expert:
+"planner" (default: ALFWorld's planner, which knows where everything is) or "search" (finds the
+task's object by visiting the places in the admissible list's order, then the planner;
+`ExpertGame`).
 
 A split is a TokenDataset: prompts = <bos> + "Your task is to: <goal>." (left padded), context
 = {"game": i32[M]} (index into env.games: training games first). Primitives: the agent family
@@ -54,6 +57,7 @@ from primitives import registry
 from primitives.agent import AGENT_PRIMITIVES
 
 DEFAULT_PERTURB_RATE = 0.3
+EXPERTS = ("planner", "search")   # policy.sft_expert: the corpus's expert (ExpertGame)
 DEFAULT_ADMISSIBLE_LENGTH = 256   # ours: tokens of the admissible-actions line of an agent prompt
 VERBS = "go to take from move to open close use heat clean cool with examine look inventory"
 _ENTITY = re.compile(r"^\s*(\w+?)_bar_\S*\s+-\s+(?:object|receptacle)\s*$", re.MULTILINE)
@@ -193,9 +197,10 @@ def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), op
     in the agent prompt (`scienceworld.corpus.play_agent`)."""
     rate, keep = sw_corpus.corpus_rows("alfworld", domain.train.size, holdout_rows, options, DEFAULT_PERTURB_RATE)
     env, games = domain.env, domain.train.context["game"]
+    search = expert_kind(options) == "search"
 
     def play_rows(worker: int) -> list[list[tuple[list[int], list[int]]]]:
-        expert = ExpertGame(env, worker)
+        expert = ExpertGame(env, worker, search=search)
         return [sw_corpus.play_agent(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate,
                                      env.prompt, window=domain.history, max_turns=env.max_turns,
                                      phrasing=rules.PHRASING, self_guide=env.self_guide)
@@ -207,12 +212,20 @@ def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), op
 class ExpertGame:
     """One game played with the planner, behind the engine interface `scienceworld.corpus.play`
     uses: `load(kind, game)` starts game `game` of the env, `gold_actions()` is the planner's plan
-    from the start, `step` answers (observation, subgoals completed so far, won)."""
+    from the start, `step` answers (observation, subgoals completed so far, won).
 
-    def __init__(self, env: AlfWorldEnv, worker: int):
-        self.env, self.worker, self.slot = env, worker, -1
+    With `search`, the expert does not use the planner's knowledge of where the task's object
+    is: `gold_actions()` is an iterator that, until the object has been seen where the agent
+    stands, opens the place it stands at when that is closed, else goes to the first place in
+    the admissible list it has not visited; from then on (or when every place was visited) it
+    takes the planner's next action from the current state."""
+
+    def __init__(self, env: AlfWorldEnv, worker: int, search: bool = False):
+        self.env, self.worker, self.slot, self.search = env, worker, -1, search
         self.game: P.GameSpec | None = None
         self.first, self.subgoals = "", 0
+        self.visited: set[str] = set()
+        self.here, self.here_closed, self.found = "", False, False
 
     def load(self, task: str, variation: int, simplifications: str = "", gold_path: bool = True) -> None:
         del task, simplifications, gold_path
@@ -220,9 +233,31 @@ class ExpertGame:
             self.env.workers.run(self.worker, [("stop", self.slot)])
         self.slot, self.game, self.subgoals = next(self.env._slots), self.env.games[int(variation)], 0
         self.first = self.env.workers.run(self.worker, [("start", self.slot, int(variation), True)])[0]
+        self.visited, self.here, self.here_closed, self.found = set(), "", False, False
 
-    def gold_actions(self) -> list[str]:
+    def gold_actions(self):
+        if self.search:
+            return self._searched()
         return self.env.workers.run(self.worker, [("plan", self.slot)])[0]
+
+    def _searched(self):
+        """The search expert's actions (class docstring), each computed when it is asked for."""
+        while True:
+            action = self._search_action()
+            if action is None:
+                return
+            yield action
+
+    def _search_action(self) -> str | None:
+        if not self.found:
+            if self.here_closed and f"open {self.here}" in self.admissible():
+                return f"open {self.here}"
+            places = [a[len("go to "):] for a in self.admissible() if a.startswith("go to ")]
+            unvisited = [p for p in places if p not in self.visited]
+            if unvisited:
+                return f"go to {unvisited[0]}"
+        plan = self.env.workers.run(self.worker, [("plan", self.slot)])[0]
+        return plan[0] if plan else None
 
     def admissible(self) -> list[str]:
         return self.env.workers.run(self.worker, [("admissible", self.slot)])[0]
@@ -242,27 +277,47 @@ class ExpertGame:
             return NOTHING, float(self.subgoals), False
         observation, won = self.env.workers.run(self.worker, [("step", self.slot, command, False)])[0]
         g = self.game
+        if self.search:
+            self._track(command, observation)
         self.subgoals += rules.subgoal(g.kind, g.obj, g.recep, g.toggle, observation)
         return observation, float(self.subgoals), won
+
+    def _track(self, command: str, observation: str) -> None:
+        """The search's state after `command`: where the agent stands, whether that place is
+        closed, whether the task's object has been seen there."""
+        if command.startswith("go to ") and observation.startswith("You arrive at"):
+            self.here = command[len("go to "):]
+            self.visited.add(self.here)
+            self.here_closed = f"The {self.here} is closed." in observation
+        elif command == f"open {self.here}":
+            self.here_closed = False
+        if re.search(rf"\b{re.escape(self.game.obj)} \d+\b", observation) or command.startswith("take "):
+            self.found = True
 
 
 def supervised_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), options: Any = None
                       ) -> list[tuple[str, str]]:
-    """(prompt, completion) texts: every turn of the planner's plan with harmless random actions mixed
+    """(prompt, completion) texts: every turn of the expert's episode with harmless random actions mixed
     in (`scienceworld.corpus.play`) of each training row except `holdout_rows`. Prompts carry no
     <bos> (the encoder adds it), completions no <eos>."""
     rate, keep = sw_corpus.corpus_rows("alfworld", domain.train.size, holdout_rows, options, DEFAULT_PERTURB_RATE)
     env, games = domain.env, domain.train.context["game"]
+    search = expert_kind(options) == "search"
     settings = dict(description_length=int(domain.info["description_length"]), obs_length=env.obs_length,
                     action_length=env.action_length, window=domain.history, max_turns=env.max_turns,
                     phrasing=rules.PHRASING, self_guide=env.self_guide)
 
     def play_rows(worker: int) -> list[list[tuple[str, str]]]:
-        expert = ExpertGame(env, worker)
+        expert = ExpertGame(env, worker, search=search)
         return [sw_corpus.play(expert, env.games[int(games[row])].kind, int(games[row]), int(seed), rate, env.vocab,
                                **settings) for row in keep[worker::env.workers.size]]
 
     return _played_over_workers(env, len(keep), play_rows)
+
+
+def expert_kind(options: Any) -> str:
+    """The corpus's expert, `sft_expert` of the `config.policy` block `options` (a mapping or None)."""
+    return str((options or {}).get("sft_expert", "planner"))
 
 
 def validate_alfworld_config(cfg: Any) -> None:
@@ -283,6 +338,9 @@ def validate_alfworld_config(cfg: Any) -> None:
     if "admissible_length" in config_value(cfg, "domain"):
         int_at_least(cfg, "domain.admissible_length", 16)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
+    if expert_kind(config_value(cfg, "policy")) not in EXPERTS:
+        raise ConfigError(f"config.policy.sft_expert must be one of {EXPERTS}, "
+                          f"got {config_value(cfg, 'policy').get('sft_expert')!r}")
     try:
         require_engine()
     except InputError as err:

@@ -22,6 +22,7 @@ on the first turn. A random action keeps that sensible word; only the action is 
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -84,8 +85,8 @@ def play(worker, task: str, variation: int, seed: int, perturb_rate: float, voca
     slots = [([], [])] * (window - 1) + [([], _ids(vocab.encode(first, obs_length), vocab))]
     tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
     score, pairs, word = 0.0, [], selfguide.ASSESSMENTS[selfguide.NEUTRAL]
-    plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
-    for step in plan[:max_turns]:
+    plan = with_detours(gold, rng, perturb_rate)
+    for step in itertools.islice(plan, max_turns):
         text = random_action(rng, vocab, objects) if step is None else None
         if text is None:   # the gold action: step it, then pick its tag from what it did
             observation, new_score, completed = worker.step(step)
@@ -110,6 +111,15 @@ def play(worker, task: str, variation: int, seed: int, perturb_rate: float, voca
 
 def _ids(row: np.ndarray, vocab: Vocabulary) -> list[int]:
     return [int(i) for i in row if i != vocab.pad_id]
+
+
+def with_detours(gold, rng: np.random.Generator, perturb_rate: float):
+    """The gold actions with a detour (None) before each with probability `perturb_rate`: a list
+    for a list of gold actions, drawn up front; lazily for an iterator whose next action depends
+    on the state the previous ones reached (`alfworld.domain.ExpertGame` with search)."""
+    if isinstance(gold, list):
+        return [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
+    return (a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g])
 
 
 def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float, prompt, *, window: int,
@@ -138,7 +148,7 @@ def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float
     rows = [prompt.row(None, first, admissible)]
     tracker = T.TagTracker(visited={T.start_location(first)} - {None}, phrasing=phrasing)
     score, pairs, assessment, turns = 0.0, [], selfguide.NEUTRAL, 0
-    plan = [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
+    plan = with_detours(gold, rng, perturb_rate)
     for step in plan:
         if turns == max_turns:
             break
