@@ -35,7 +35,7 @@ import functools
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -210,7 +210,7 @@ def agent_corpus(domain: Domain, seed: int, holdout_rows: Sequence[int] = (), op
 
 
 class ExpertGame:
-    """One game played with the planner, behind the engine interface `scienceworld.corpus.play`
+    """One game played by an expert, behind the engine interface `scienceworld.corpus.play`
     uses: `load(kind, game)` starts game `game` of the env, `gold_actions()` is the planner's plan
     from the start, `step` answers (observation, subgoals completed so far, won).
 
@@ -235,12 +235,12 @@ class ExpertGame:
         self.first = self.env.workers.run(self.worker, [("start", self.slot, int(variation), True)])[0]
         self.visited, self.here, self.here_closed, self.found = set(), "", False, False
 
-    def gold_actions(self):
+    def gold_actions(self) -> list[str] | Iterator[str]:
         if self.search:
             return self._searched()
         return self.env.workers.run(self.worker, [("plan", self.slot)])[0]
 
-    def _searched(self):
+    def _searched(self) -> Iterator[str]:
         """The search expert's actions (class docstring), each computed when it is asked for."""
         while True:
             action = self._search_action()
