@@ -236,24 +236,18 @@ class ExpertGame:
         self.visited, self.here, self.here_closed, self.found = set(), "", False, False
 
     def gold_actions(self) -> list[str] | Iterator[str]:
-        if self.search:
-            return self._searched()
+        if self.search:   # each action computed when it is asked for, from the state reached
+            return iter(self._search_action, None)
         return self.env.workers.run(self.worker, [("plan", self.slot)])[0]
 
-    def _searched(self) -> Iterator[str]:
-        """The search expert's actions (class docstring), each computed when it is asked for."""
-        while True:
-            action = self._search_action()
-            if action is None:
-                return
-            yield action
-
     def _search_action(self) -> str | None:
+        """The search expert's next action (class docstring); None once the planner has none."""
         if not self.found:
-            if self.here_closed and f"open {self.here}" in self.admissible():
+            admissible = self.admissible()
+            if self.here_closed and f"open {self.here}" in admissible:
                 return f"open {self.here}"
-            places = [a[len("go to "):] for a in self.admissible() if a.startswith("go to ")]
-            unvisited = [p for p in places if p not in self.visited]
+            unvisited = [a[len("go to "):] for a in admissible
+                         if a.startswith("go to ") and a[len("go to "):] not in self.visited]
             if unvisited:
                 return f"go to {unvisited[0]}"
         plan = self.env.workers.run(self.worker, [("plan", self.slot)])[0]
@@ -338,9 +332,9 @@ def validate_alfworld_config(cfg: Any) -> None:
     if "admissible_length" in config_value(cfg, "domain"):
         int_at_least(cfg, "domain.admissible_length", 16)
     optional_fraction(cfg, "policy.sft_perturb_rate", DEFAULT_PERTURB_RATE)
-    if expert_kind(config_value(cfg, "policy")) not in EXPERTS:
-        raise ConfigError(f"config.policy.sft_expert must be one of {EXPERTS}, "
-                          f"got {config_value(cfg, 'policy').get('sft_expert')!r}")
+    expert = expert_kind(config_value(cfg, "policy"))
+    if expert not in EXPERTS:
+        raise ConfigError(f"config.policy.sft_expert must be one of {EXPERTS}, got {expert!r}")
     try:
         require_engine()
     except InputError as err:

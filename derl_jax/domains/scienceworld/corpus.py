@@ -117,9 +117,8 @@ def with_detours(gold, rng: np.random.Generator, perturb_rate: float):
     """The gold actions with a detour (None) before each with probability `perturb_rate`: a list
     for a list of gold actions, drawn up front; lazily for an iterator whose next action depends
     on the state the previous ones reached (`alfworld.domain.ExpertGame` with search)."""
-    if isinstance(gold, list):
-        return [a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g]]
-    return (a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g])
+    detoured = (a for g in gold for a in ([None] if rng.random() < perturb_rate else []) + [g])
+    return list(detoured) if isinstance(gold, list) else detoured
 
 
 def play_agent(worker, task: str, variation: int, seed: int, perturb_rate: float, prompt, *, window: int,
