@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -135,6 +136,26 @@ def host_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_description() -> dict:
+    """{"cpu": model name, "cores": `host_cores()`}. XLA:CPU sizes its thread pools by the cores a
+    process sees when JAX starts, and how a computation is split over them sets its rounding: the
+    same program and seed on another core count can give different numbers
+    (docs/benchmarks.md, "Rounding across core counts")."""
+    return {"cpu": cpu_name(), "cores": host_cores()}
 
 
 def host_device_flags(xla_flags: str, cores: int) -> str:

@@ -81,3 +81,17 @@ def test_a_compare_run_keeps_one_core(monkeypatch):
     """A compare's workers use the cores, and its results must not depend on how many there are."""
     monkeypatch.setattr(runtime, "host_cores", lambda: 4)
     assert (runtime.run_cores("search"), runtime.run_cores("final"), runtime.run_cores("compare")) == (4, 4, 1)
+
+
+def test_run_info_records_the_cores_this_process_may_use(monkeypatch):
+    """Not the machine's count: a process kept to 3 cores (taskset, a container) sizes XLA's threads
+    by 3, and the rounding with them."""
+    import os
+
+    from derl_jax.parallel import cpu_name
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("CPU affinity is Linux's")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
+    info = runtime.run_info("python launch/run.py", "final")
+    assert (info["cores"], info["cpu"]) == (3, cpu_name())

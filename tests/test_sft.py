@@ -275,6 +275,23 @@ def test_cache_hit_returns_identical_params(tmp_path, counting_trainer):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_the_record_names_the_host_it_was_trained_on(tmp_path, counting_trainer, monkeypatch):
+    """The same seed can round differently on another core count or CPU, so the record says where."""
+    import json
+    import os
+
+    from derl_jax.parallel import cpu_name
+
+    if hasattr(os, "sched_getaffinity"):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 3})
+    sft.base_policy(make_arith_domain(TINY_DOMAIN), TINY_POLICY, tmp_path, seed=0)
+    (path,) = glob.glob(str(tmp_path / "*.json"))
+    with open(path, encoding="utf-8") as handle:
+        built_on = json.load(handle)["built_on"]
+    cores = 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    assert built_on == {"cpu": cpu_name(), "cores": cores, "backend": jax.default_backend(), "jax": jax.__version__}
+
+
 @pytest.mark.parametrize("change", [
     {"policy": {"sft_lr": 2e-3}},
     {"policy": {"hidden_size": 48}},

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from derl_jax.checkpoint import atomic_write_json
 from derl_jax.config import InputError, config_value
-from derl_jax.parallel import distributed_requested, host_cores, host_device_flags
+from derl_jax.parallel import distributed_requested, host_cores, host_description, host_device_flags
 from derl_jax.plan.roofline import memory_fraction
 
 RUN_INFO_FILE = "run_info.json"
@@ -114,25 +114,14 @@ def commit_of(path: str) -> str | None:
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
-def cpu_name() -> str:
-    """The processor's model name (Linux), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run_info(command: str, mode: str) -> dict:
-    """What made a run: the command, the code's commit, the date, the machine and the versions."""
+    """What made a run: the command, the code's commit, the date, the machine (its CPU and the cores
+    this process may use, which set XLA:CPU's threads and so the rounding) and the versions."""
     import jax
 
     return {"command": command, "mode": mode, "commit": commit_of(__file__),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cpu": cpu_name(), "cores": os.cpu_count(), "backend": jax.default_backend(),
+            **host_description(), "backend": jax.default_backend(),
             "devices": [str(d.device_kind) for d in jax.devices()][:1] + ([f"x{jax.device_count()}"]
                                                                            if jax.device_count() > 1 else []),
             "jax": jax.__version__, "python": platform.python_version()}

@@ -50,6 +50,7 @@ from derl_jax.domains.base import FULL_HISTORY, Domain
 from derl_jax.models.sampling import sequence_logprobs
 from derl_jax.models.streams import stream_logprobs
 from derl_jax.models.transformer import ModelConfig, abstract_model, default_compute_dtype, init_params, tiny_config
+from derl_jax.parallel import host_description
 
 # Bump when a change to this module changes the policy it builds for the same inputs.
 SFT_CODE_VERSION = 1   # episodes packed as streams (full history) are new data, so they make new keys
@@ -428,7 +429,8 @@ def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy
     losses = np.asarray(losses, np.float64)
     atomic_write_json(path[: -len(".npz")] + ".json", {
         **description, "cache_key": key, "corpus_size": data.size,
-        "first_loss": float(losses[0]), "final_loss": float(losses[-1])})
+        "first_loss": float(losses[0]), "final_loss": float(losses[-1]),
+        "built_on": {**host_description(), "backend": jax.default_backend(), "jax": jax.__version__}})
     return params
 
 
@@ -440,7 +442,8 @@ def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *
       whatever the domain's corpus reads (arith: sft_extra_problems, sft_mix). With
       sft_steps == 0 and no corpus the random initialisation is returned (not cached).
     holdout_rows: training rows kept out of the corpus (the outer loop's validation rows).
-    A JSON file next to the arrays records the configs and the loss curve's ends.
+    A JSON file next to the arrays records the configs, the loss curve's ends and the host it was
+    trained on (`built_on`: CPU, cores, backend, JAX version; the rounding depends on them).
     """
     model_cfg = policy_model_config(domain, policy_cfg)
     sft_cfg = sft_config_from(policy_cfg, seed)
@@ -480,5 +483,6 @@ def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *
         "held_out_rows": len(set(int(r) for r in np.asarray(holdout_rows).reshape(-1))),
         "first_loss": float(losses[0]) if losses.size else None,
         "final_loss": float(losses[-1]) if losses.size else None,
+        "built_on": {**host_description(), "backend": jax.default_backend(), "jax": jax.__version__},
     })
     return graphdef, params
