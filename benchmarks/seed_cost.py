@@ -16,6 +16,10 @@
    dispatch ("loop": one compiled training per candidate, the CPU default; "batched": the
    candidates vmapped in one call), one final training, one candidate policy's test.
 
+`--override=--config.<field>=<value>` (repeatable) changes the config of every part and run
+alike, e.g. a narrower policy. Run it under `taskset -c <core>` to measure what a process kept
+to one core pays (every run it starts inherits the core).
+
 Writes the JSON to `<workdir>/seed_cost.json` (and `--out`).
 """
 
@@ -45,11 +49,12 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def compare_command(config: str, method: str, seeds: Sequence[int], iterations: int, workdir: str) -> list[str]:
+def compare_command(config: str, method: str, seeds: Sequence[int], iterations: int, workdir: str,
+                    overrides: Sequence[str] = ()) -> list[str]:
     return [sys.executable, os.path.join(REPO, "launch", "run.py"), f"--config={config}", "--mode=compare",
             f"--config.outer.iterations={iterations}", f"--config.compare.methods=('{method}',)",
             f"--config.compare.seeds=({','.join(map(str, seeds))},)", "--config.compare.workers=1",
-            f"--workdir={workdir}", "--noprogress"]
+            f"--workdir={workdir}", "--noprogress", *overrides]
 
 
 def whole_run(command: list[str], workdir: str) -> dict:
@@ -71,7 +76,7 @@ def median_cpu(call: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def parts(config: str, workdir: str, repeats: int) -> dict:
+def parts(config: str, workdir: str, repeats: int, overrides: Sequence[str] = ()) -> dict:
     """CPU-seconds of each part of a seed (module docstring, 2.), in this process."""
     import jax
     import numpy as np
@@ -82,7 +87,7 @@ def parts(config: str, workdir: str, repeats: int) -> dict:
     from derl_jax.expr.parse import parse
     from derl_jax.expr.program import compile_expr, stack_programs
 
-    cfg = load_config(config, 0, ["--config.mesh.data=1"])
+    cfg = load_config(config, 0, ["--config.mesh.data=1", *overrides])
     domain = build.build_domain(cfg)
     shutil.rmtree(workdir, ignore_errors=True)
     before = process_cpu()
@@ -120,19 +125,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workdir", default="runs/seed_cost")
     parser.add_argument("--out", default="")
     parser.add_argument("--skip-whole", action="store_true", help="only the parts (2.)")
+    parser.add_argument("--override", action="append", default=[],
+                        help="a config override for every run, e.g. --override=--config.policy.hidden_size=32")
     args = parser.parse_args(argv)
     if args.seeds < 2:
         parser.error(f"--seeds must be >= 2, got {args.seeds}")
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)
-    payload = {"config": args.config, "method": args.method, "iterations": args.iterations,
-               "parts": parts(args.config, os.path.join(workdir, "parts"), args.repeats)}
+    payload = {"config": args.config, "overrides": args.override, "method": args.method, "iterations": args.iterations,
+               "parts": parts(args.config, os.path.join(workdir, "parts"), args.repeats, args.override)}
     print(json.dumps(payload["parts"], indent=1), flush=True)
     if not args.skip_whole:
-        one = whole_run(compare_command(args.config, args.method, [0], args.iterations, os.path.join(workdir, "one")),
+        one = whole_run(compare_command(args.config, args.method, [0], args.iterations, os.path.join(workdir, "one"),
+                                          args.override),
                         os.path.join(workdir, "one"))
         many = whole_run(compare_command(args.config, args.method, list(range(args.seeds)), args.iterations,
-                                         os.path.join(workdir, "many")), os.path.join(workdir, "many"))
+                                         os.path.join(workdir, "many"), args.override), os.path.join(workdir, "many"))
         per_seed = (many["cpu_seconds"] - one["cpu_seconds"]) / (args.seeds - 1)
         payload["whole"] = {"one_seed": one, f"{args.seeds}_seeds": many, "cpu_seconds_per_seed": per_seed,
                             "one_off_cpu_seconds": one["cpu_seconds"] - per_seed}
