@@ -154,7 +154,7 @@ def host_description() -> dict:
     """{"cpu": model name, "cores": `host_cores()`}. XLA:CPU sizes its thread pools by the cores a
     process sees when JAX starts, and how a computation is split over them sets its rounding: the
     same program and seed on another core count can give different numbers
-    (docs/benchmarks.md, "Rounding across core counts")."""
+    (docs/benchmarks.md, "Cores and the compilation cache")."""
     return {"cpu": cpu_name(), "cores": host_cores()}
 
 

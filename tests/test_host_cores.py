@@ -8,9 +8,11 @@ XLA_FLAGS: tests/test_launch.py (the compile-cache test).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from derl_jax.parallel import HOST_DEVICE_FLAG, host_device_flags
+from derl_jax.parallel import HOST_DEVICE_FLAG, cpu_name, host_device_flags
 from derl_jax.rl.config import inner_config
 from derl_jax.rl.placement import AUTO_DATA_MAX_PARAMS, auto_data_size
 from derl_jax.experiment import runtime
@@ -86,10 +88,6 @@ def test_a_compare_run_keeps_one_core(monkeypatch):
 def test_run_info_records_the_cores_this_process_may_use(monkeypatch):
     """Not the machine's count: a process kept to 3 cores (taskset, a container) sizes XLA's threads
     by 3, and the rounding with them."""
-    import os
-
-    from derl_jax.parallel import cpu_name
-
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("CPU affinity is Linux's")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import json
 import os
 
 import jax
@@ -21,6 +22,7 @@ from conftest import session_lock, shared_build_dir
 from derl_jax.domains.arith import BOX_CLOSE, BOX_OPEN, make_arith_domain
 from derl_jax.models.sampling import sample_jit
 from derl_jax.models.transformer import apply, init_params
+from derl_jax.parallel import cpu_name
 from derl_jax.rl import sft, setup
 
 SMALL_DOMAIN = {"seed": 0, "num_train": 300, "num_test": 60, "levels": (1, 2), "max_new_tokens": 28}
@@ -277,11 +279,6 @@ def test_cache_hit_returns_identical_params(tmp_path, counting_trainer):
 
 def test_the_record_names_the_host_it_was_trained_on(tmp_path, counting_trainer, monkeypatch):
     """The same seed can round differently on another core count or CPU, so the record says where."""
-    import json
-    import os
-
-    from derl_jax.parallel import cpu_name
-
     if hasattr(os, "sched_getaffinity"):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 3})
     sft.base_policy(make_arith_domain(TINY_DOMAIN), TINY_POLICY, tmp_path, seed=0)
