@@ -151,11 +151,12 @@ def cpu_name() -> str:
 
 
 def host_description() -> dict:
-    """{"cpu": model name, "cores": `host_cores()`}. XLA:CPU sizes its thread pools by the cores a
-    process sees when JAX starts, and how a computation is split over them sets its rounding: the
-    same program and seed on another core count can give different numbers
-    (docs/benchmarks.md, "Cores and the compilation cache")."""
-    return {"cpu": cpu_name(), "cores": host_cores()}
+    """{"cpu": model name, "cores": `host_cores()`, "backend", "jax": version}: what the rounding of
+    a computation here depends on. XLA:CPU sizes its thread pools by the cores a process sees when
+    JAX starts, and how a computation is split over them sets its rounding: the same program and
+    seed on another core count can give different numbers (docs/benchmarks.md, "Cores and the
+    compilation cache")."""
+    return {"cpu": cpu_name(), "cores": host_cores(), "backend": jax.default_backend(), "jax": jax.__version__}
 
 
 def host_device_flags(xla_flags: str, cores: int) -> str:

@@ -121,10 +121,10 @@ def run_info(command: str, mode: str) -> dict:
 
     return {"command": command, "mode": mode, "commit": commit_of(__file__),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **host_description(), "backend": jax.default_backend(),
+            **host_description(),
             "devices": [str(d.device_kind) for d in jax.devices()][:1] + ([f"x{jax.device_count()}"]
                                                                            if jax.device_count() > 1 else []),
-            "jax": jax.__version__, "python": platform.python_version()}
+            "python": platform.python_version()}
 
 
 def record_run(workdir: str, info: Mapping[str, Any], started: float) -> None:

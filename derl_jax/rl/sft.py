@@ -396,12 +396,6 @@ def load_arrays_into(path: str, params: nnx.State) -> nnx.State:
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def built_on() -> dict:
-    """Where a policy is being trained: CPU, cores this process may use, backend and JAX version
-    (the rounding, and with it the policy, depends on them; `derl_jax.parallel.host_description`)."""
-    return {**host_description(), "backend": jax.default_backend(), "jax": jax.__version__}
-
-
 def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy_cfg: Any,
                cache_dir: str | os.PathLike, *, seed: int = 0, holdout_rows: Sequence[int] = (),
                source: str = "") -> nnx.State:
@@ -436,7 +430,7 @@ def cold_start(domain: Domain, graphdef: nnx.GraphDef, params: nnx.State, policy
     atomic_write_json(path[: -len(".npz")] + ".json", {
         **description, "cache_key": key, "corpus_size": data.size,
         "first_loss": float(losses[0]), "final_loss": float(losses[-1]),
-        "built_on": built_on()})
+        "built_on": host_description()})
     return params
 
 
@@ -489,6 +483,6 @@ def base_policy(domain: Domain, policy_cfg: Any, cache_dir: str | os.PathLike, *
         "held_out_rows": len(set(int(r) for r in np.asarray(holdout_rows).reshape(-1))),
         "first_loss": float(losses[0]) if losses.size else None,
         "final_loss": float(losses[-1]) if losses.size else None,
-        "built_on": built_on(),
+        "built_on": host_description(),
     })
     return graphdef, params
