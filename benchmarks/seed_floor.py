@@ -28,22 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from typing import Sequence
 
 from benchmarks.seed_cost import median_cpu
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def commit() -> str:
-    """The checkout's short commit hash ("" outside a git checkout)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def matmul_rate(rows: int, inner: int, cols: int, repeats: int = 3, calls: int = 1000) -> float:
@@ -103,6 +91,7 @@ def measure(config: str, overrides: Sequence[str] = (), repeats: int = 4, iterat
     from benchmarks.common import machine
     from benchmarks.symbols_reference import load_config
     from derl_jax.experiment import build
+    from derl_jax.experiment.runtime import commit_of
     from derl_jax.parallel import host_description
 
     cfg = load_config(config, 0, ["--config.mesh.data=1", *overrides])
@@ -115,7 +104,8 @@ def measure(config: str, overrides: Sequence[str] = (), repeats: int = 4, iterat
     peak = max(rates.values())
     measured = candidate_cpu(cfg, domain, repeats)
     return {
-        "config": config, "overrides": list(overrides), "date": time.strftime("%Y-%m-%d"), "commit": commit(),
+        "config": config, "overrides": list(overrides), "date": time.strftime("%Y-%m-%d"),
+        "commit": commit_of(__file__),
         "host": host_description(), "machine": machine(),
         "gflop": {name: value / 1e9 for name, value in counted.items() if name != "trainings_per_seed"},
         "trainings_per_seed": counted["trainings_per_seed"],
